@@ -1,0 +1,40 @@
+--[[ ack: an executor finished a run: acknowledge its stream entry, state -> succeeded.
+  KEYS[1] stream  STREAM tag..'q:'..tenant..':'..queue (the tag is KEYS[1] up to '}:')
+  KEYS[2] events  STREAM tag..'events'
+  ARGV[1] consumer group   ARGV[2] stream entry id   ARGV[3] run_id   ARGV[4] attempt
+  ARGV[5] bucket_ms   ARGV[6] now_ms override ('' = TIME)   ARGV[7] event log cap
+  Derived keys (same tag): t:<xy>, x:<bucket>, expiry.
+  Returns: {1}   acknowledged and the run is now succeeded
+           {0}   the entry was acknowledged, but the run had already moved on (a late
+                 ack of an earlier attempt, or a run already finished): nothing changed
+  Errors:  {-1} NOT_FOUND: no record for this run id in this shard.
+  The entry is deleted from the stream once acknowledged, so ready streams hold only
+  unacknowledged work and never drop any of it. ]]
+local rcall = redis.call
+local stream_key, events_key = KEYS[1], KEYS[2]
+local group, entry_id, run_id, attempt = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
+local bucket_ms, now_override, event_cap = tonumber(ARGV[5]), ARGV[6], ARGV[7]
+local tag = string.match(stream_key, '^(.-}:)')
+
+--!include lib/record.lua
+--!include lib/clock.lua
+--!include lib/wheel.lua
+--!include lib/events.lua
+
+rcall('XACK', stream_key, group, entry_id)
+rcall('XDEL', stream_key, entry_id)
+local bkey = body_key(tag, run_id)
+local r = record_load(bkey, run_id)
+if r == nil then
+  return { -1 }
+end
+if r[R_STATE] ~= ST_DISPATCHED or r[R_ATTEMPT] ~= attempt then
+  return { 0 }
+end
+local now = clock_now_ms(now_override)
+r[R_STATE], r[R_UPDATED] = ST_SUCCEEDED, now
+record_save(bkey, run_id, r)
+wheel_retain(tag, run_id, now, bucket_ms)
+event_emit(events_key, event_cap, 'e', 'acked', 'id', run_id, 'tenant', r[R_TENANT],
+  'attempt', attempt, 'at', now)
+return { 1 }

@@ -1,0 +1,34 @@
+--[[ cancel: cancel a run that is still scheduled.
+  KEYS[1] meta    HASH   tag..'meta' (the tag is KEYS[1] minus 'meta')
+  KEYS[2] body    HASH   tag..'t:'..xy, the body hash of ARGV[1]
+  KEYS[3] events  STREAM tag..'events'
+  ARGV[1] run_id   ARGV[2] tenant   ARGV[3] bucket_ms   ARGV[4] now_ms override ('' = TIME)
+  ARGV[5] event log cap
+  Derived keys (same tag): near:<tenant>, w:<bucket>, wheel, x:<bucket>, expiry.
+  Returns: {1, record}         cancelled; the record after the change
+  Errors:  {-1} NOT_FOUND      no such run for this tenant (another tenant's id included)
+           {-2, state}         INVALID_STATE: not scheduled any more ]]
+local meta_key, body_key_, events_key = KEYS[1], KEYS[2], KEYS[3]
+local run_id, tenant, bucket_ms, now_override = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
+local event_cap = ARGV[5]
+local tag = string.sub(meta_key, 1, -5)
+
+--!include lib/record.lua
+--!include lib/clock.lua
+--!include lib/wheel.lua
+--!include lib/events.lua
+
+local r = record_load(body_key_, run_id)
+if r == nil or r[R_TENANT] ~= tenant then
+  return { -1 }
+end
+if r[R_STATE] ~= ST_SCHEDULED then
+  return { -2, r[R_STATE] }
+end
+local now = clock_now_ms(now_override)
+wheel_remove(tag, run_id, tenant, r[R_DUE], bucket_ms)
+r[R_STATE], r[R_UPDATED] = ST_CANCELLED, now
+local raw = record_save(body_key_, run_id, r)
+wheel_retain(tag, run_id, now, bucket_ms)
+event_emit(events_key, event_cap, 'e', 'cancelled', 'id', run_id, 'tenant', tenant, 'at', now)
+return { 1, raw }

@@ -1,0 +1,59 @@
+-- The hierarchical wheel of one shard (DESIGN.md section 3).
+--   near level:  tag..'near:'..tenant  ZSET run_id -> due_ms, for runs due before the
+--                shard's promoted_until; tag..'due' ZSET tenant -> earliest near due_ms
+--                (may be stale-early after a cancel; the tick repairs it).
+--   far level:   tag..'w:'..bucket_start HASH run_id -> '' (listpack-sized), indexed by
+--                tag..'wheel' ZSET bucket_start -> bucket_start. Bodies stay in the body
+--                hash; the promoter reads due_ms and tenant from there.
+-- Invariant: no far-level entry has due_ms < meta.promoted_until.
+
+local function wheel_promoted_until(meta)
+  return tonumber(redis.call('HGET', meta, 'promoted_until')) or 0
+end
+
+-- Put a scheduled run into the level its due time belongs to.
+-- Returns 1 if it became the earliest thing the scheduler has to act on for this shard
+-- (so a sleeping scheduler should be woken), else 0.
+local function wheel_place(tag, meta, run_id, tenant, due_ms, bucket_ms)
+  if due_ms < wheel_promoted_until(meta) then
+    local due_key = tag .. 'due'
+    local first = redis.call('ZRANGE', due_key, 0, 0, 'WITHSCORES')
+    redis.call('ZADD', tag .. 'near:' .. tenant, due_ms, run_id)
+    redis.call('ZADD', due_key, 'LT', due_ms, tenant)
+    if first[2] == nil or due_ms < tonumber(first[2]) then
+      return 1
+    end
+    return 0
+  end
+  local bucket = due_ms - (due_ms % bucket_ms)
+  local wheel = tag .. 'wheel'
+  local first = redis.call('ZRANGE', wheel, 0, 0, 'WITHSCORES')
+  redis.call('HSET', tag .. 'w:' .. bucket, run_id, '')
+  redis.call('ZADD', wheel, bucket, bucket)
+  if first[2] == nil or bucket < tonumber(first[2]) then
+    return 1
+  end
+  return 0
+end
+
+-- Take a scheduled run out of whichever level holds it.
+local function wheel_remove(tag, run_id, tenant, due_ms, bucket_ms)
+  if redis.call('ZREM', tag .. 'near:' .. tenant, run_id) == 1 then
+    return
+  end
+  local bucket = due_ms - (due_ms % bucket_ms)
+  local wkey = tag .. 'w:' .. bucket
+  redis.call('HDEL', wkey, run_id)
+  if redis.call('EXISTS', wkey) == 0 then
+    redis.call('ZREM', tag .. 'wheel', bucket)
+  end
+end
+
+-- Finished records (succeeded, cancelled, dead) are kept for the retention window so
+-- GET and idempotent creates still find them; they are indexed by finish bucket in
+-- tag..'x:'..bucket HASH run_id -> '' and tag..'expiry' ZSET, purged by expire_finished.
+local function wheel_retain(tag, run_id, finished_ms, bucket_ms)
+  local bucket = finished_ms - (finished_ms % bucket_ms)
+  redis.call('HSET', tag .. 'x:' .. bucket, run_id, '')
+  redis.call('ZADD', tag .. 'expiry', bucket, bucket)
+end

@@ -1,0 +1,86 @@
+--[[ promote: move far-level runs whose bucket starts within the horizon into the near level.
+  KEYS[1] meta   HASH tag..'meta' (field promoted_until; the tag is KEYS[1] minus 'meta')
+  KEYS[2] due    ZSET tag..'due'
+  KEYS[3] wheel  ZSET tag..'wheel', bucket_start -> bucket_start
+  ARGV[1] horizon_ms   ARGV[2] bucket_ms   ARGV[3] limit: most runs moved per call (<= 5000:
+          HSCAN COUNT and HDEL arguments stay small and the call stays short)
+  ARGV[4] now_ms override ('' = TIME)   ARGV[5] node ('' = unfenced)   ARGV[6] epoch
+  Derived keys (same tag): w:<bucket>, t:<xy>, near:<tenant>, lease.
+  Returns: {moved, more, promoted_until, next_bucket_ms}   more = 1 if buckets within the
+           horizon remain; next_bucket_ms = -1 when the far level is empty.
+  Errors:  {-3} LEASE_LOST.
+  A bucket is drained with HSCAN, cursor kept in meta (pcursor, pbucket), so a bucket of a
+  thundering herd (100k runs, hashtable-encoded) moves in bounded steps. promoted_until
+  only advances once every bucket that starts before it is empty, which keeps the
+  invariant create relies on: no far-level entry is due before promoted_until. ]]
+local rcall = redis.call
+local meta_key, due_key, wheel_key = KEYS[1], KEYS[2], KEYS[3]
+local horizon_ms, bucket_ms, limit = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local now_override, node, epoch = ARGV[4], ARGV[5], ARGV[6]
+local tag = string.sub(meta_key, 1, -5)
+
+--!include lib/record.lua
+--!include lib/clock.lua
+--!include lib/lease.lua
+
+if not lease_holds(tag, node, epoch) then
+  return { -3 }
+end
+
+local now = math.max(clock_now_ms(now_override),
+  tonumber(rcall('HGET', meta_key, 'hwm')) or 0)
+local reach = now + horizon_ms
+local moved, more = 0, 0
+
+while true do
+  local b = rcall('ZRANGE', wheel_key, '-inf', reach, 'BYSCORE', 'LIMIT', 0, 1)[1]
+  if b == nil then
+    break
+  end
+  if moved >= limit then
+    more = 1
+    break
+  end
+  local wkey = tag .. 'w:' .. b
+  local state = rcall('HMGET', meta_key, 'pbucket', 'pcursor')
+  local cursor = '0'
+  if state[1] == b and state[2] then
+    cursor = state[2]
+  end
+  local scan = rcall('HSCAN', wkey, cursor, 'COUNT', limit - moved)
+  local fields = scan[2]
+  local ids = {}
+  for i = 1, #fields, 2 do
+    local run_id = fields[i]
+    ids[#ids + 1] = run_id
+    local r = record_load(body_key(tag, run_id), run_id)
+    if r and r[R_STATE] == ST_SCHEDULED then
+      rcall('ZADD', tag .. 'near:' .. r[R_TENANT], r[R_DUE], run_id)
+      rcall('ZADD', due_key, 'LT', r[R_DUE], r[R_TENANT])
+    end
+  end
+  if #ids > 0 then
+    rcall('HDEL', wkey, unpack(ids))
+  end
+  moved = moved + #ids
+  if rcall('EXISTS', wkey) == 0 then
+    rcall('ZREM', wheel_key, b)
+    rcall('HDEL', meta_key, 'pbucket', 'pcursor')
+  elseif scan[1] == '0' then
+    -- A full pass is done but runs created meanwhile remain: start a new pass.
+    rcall('HDEL', meta_key, 'pbucket', 'pcursor')
+  else
+    rcall('HSET', meta_key, 'pbucket', b, 'pcursor', scan[1])
+  end
+end
+
+local promoted_until = tonumber(rcall('HGET', meta_key, 'promoted_until')) or 0
+if more == 0 then
+  local reach_end = reach - (reach % bucket_ms) + bucket_ms
+  if reach_end > promoted_until then
+    promoted_until = reach_end
+    rcall('HSET', meta_key, 'promoted_until', promoted_until)
+  end
+end
+local next_bucket = rcall('ZRANGE', wheel_key, 0, 0)[1]
+return { moved, more, promoted_until, tonumber(next_bucket) or -1 }

@@ -1,0 +1,136 @@
+--[[ tick: dispatch due runs of one shard into their ready streams, tenants in turn.
+  KEYS[1] meta    HASH   tag..'meta' (fields hwm, promoted_until; the tag is KEYS[1] minus 'meta')
+  KEYS[2] due     ZSET   tag..'due', tenant -> earliest near due_ms
+  KEYS[3] events  STREAM tag..'events'
+  ARGV[1] limit: most runs to dispatch in this call (<= 5000: one call blocks Redis
+          for about 10 us per run, so 1000 keeps a tick near 10 ms)
+  ARGV[2] now_ms override ('' = TIME)   ARGV[3] node ('' = unfenced)   ARGV[4] epoch
+  ARGV[5] event log cap
+  Derived keys (same tag): near:<tenant>, t:<xy>, q:<tenant>:<queue>, lease, wheel.
+  Returns: {dispatched, next_due_ms, now_ms, clock_back_ms, next_bucket_ms, promoted_until,
+           consumed}   next_due_ms / next_bucket_ms are -1 when nothing waits; consumed
+           (near entries taken, stale ones included) = limit means more may be due now.
+  Errors:  {-3} LEASE_LOST: ARGV[3] no longer holds the shard at epoch ARGV[4].
+  Fairness: deficit round robin with unit cost. Each round gives every tenant with due
+  runs an equal share of what is left of the limit, so one tenant's backlog due in the
+  same second takes its turn and cannot hold back another tenant's runs.
+  Clock: now = max(TIME, hwm). A clock that steps back neither re-opens a window nor
+  delays runs already due by the high-water mark; clock_back_ms reports the step. ]]
+local rcall = redis.call
+local meta_key, due_key, events_key = KEYS[1], KEYS[2], KEYS[3]
+local limit, now_override, node, epoch = tonumber(ARGV[1]), ARGV[2], ARGV[3], ARGV[4]
+local event_cap = ARGV[5]
+local tag = string.sub(meta_key, 1, -5)
+
+--!include lib/record.lua
+--!include lib/clock.lua
+--!include lib/events.lua
+--!include lib/lease.lua
+
+if not lease_holds(tag, node, epoch) then
+  return { -3 }
+end
+
+local now = clock_now_ms(now_override)
+local hwm = tonumber(rcall('HGET', meta_key, 'hwm')) or 0
+local clock_back = 0
+if now < hwm then
+  clock_back = hwm - now
+  now = hwm
+end
+
+local function first_score(key)
+  local first = rcall('ZRANGE', key, 0, 0, 'WITHSCORES')
+  if first[2] == nil then
+    return -1
+  end
+  return tonumber(first[2])
+end
+
+-- Dispatch one run; returns 'id:attempt' for the event log, or nil if the near entry
+-- was stale (its body gone or no longer scheduled).
+local function dispatch(tenant, run_id)
+  local bkey = body_key(tag, run_id)
+  local r = record_load(bkey, run_id)
+  if r == nil or r[R_STATE] ~= ST_SCHEDULED then
+    return nil
+  end
+  local attempt = r[R_ATTEMPT] + 1
+  local stream = tag .. 'q:' .. tenant .. ':' .. r[R_QUEUE]
+  local task_id = string.match(run_id, '^[^@]+')
+  if r[R_SCHEDULE] then
+    rcall('XADD', stream, '*', 'run_id', run_id, 'task_id', task_id,
+      'schedule_id', r[R_SCHEDULE], 'tenant', tenant, 'queue', r[R_QUEUE],
+      'attempt', attempt, 'due_ms', r[R_DUE], 'dispatched_ms', now, 'payload', r[R_PAYLOAD])
+  else
+    rcall('XADD', stream, '*', 'run_id', run_id, 'task_id', task_id,
+      'tenant', tenant, 'queue', r[R_QUEUE],
+      'attempt', attempt, 'due_ms', r[R_DUE], 'dispatched_ms', now, 'payload', r[R_PAYLOAD])
+  end
+  r[R_STATE], r[R_ATTEMPT], r[R_UPDATED] = ST_DISPATCHED, attempt, now
+  record_save(bkey, run_id, r)
+  return run_id .. ':' .. attempt
+end
+
+-- Serve up to n due runs of one tenant; returns near entries consumed, runs dispatched.
+local function serve(tenant, n)
+  local near = tag .. 'near:' .. tenant
+  local ids = rcall('ZRANGE', near, '-inf', now, 'BYSCORE', 'LIMIT', 0, n)
+  if #ids == 0 then
+    return 0, 0
+  end
+  local runs = {}
+  for i = 1, #ids do
+    local done = dispatch(tenant, ids[i])
+    if done then
+      runs[#runs + 1] = done
+    end
+  end
+  -- ids are the lowest-scored members, so they are exactly ranks 0 .. #ids-1.
+  rcall('ZREMRANGEBYRANK', near, 0, #ids - 1)
+  if #runs > 0 then
+    event_emit(events_key, event_cap, 'e', 'dispatched', 'tenant', tenant, 'at', now,
+      'runs', table.concat(runs, ','))
+  end
+  return #ids, #runs
+end
+
+local tenants = rcall('ZRANGE', due_key, '-inf', now, 'BYSCORE', 'LIMIT', 0, limit)
+local budget = limit
+local dispatched, consumed = 0, 0
+local active = tenants
+while budget > 0 and #active > 0 do
+  local share = math.max(1, math.floor(budget / #active))
+  local still = {}
+  for i = 1, #active do
+    if budget <= 0 then
+      break
+    end
+    local want = math.min(share, budget)
+    local got, sent = serve(active[i], want)
+    budget = budget - got
+    consumed = consumed + got
+    dispatched = dispatched + sent
+    if got == want then
+      still[#still + 1] = active[i]
+    end
+  end
+  active = still
+end
+
+-- Repair each served tenant's entry in the due index to its earliest remaining run.
+for i = 1, #tenants do
+  local s = first_score(tag .. 'near:' .. tenants[i])
+  if s < 0 then
+    rcall('ZREM', due_key, tenants[i])
+  else
+    rcall('ZADD', due_key, s, tenants[i])
+  end
+end
+if #tenants > 0 then
+  rcall('HSET', meta_key, 'hwm', now)
+end
+
+local promoted_until = tonumber(rcall('HGET', meta_key, 'promoted_until')) or 0
+return { dispatched, first_score(due_key), now, clock_back, first_score(tag .. 'wheel'),
+  promoted_until, consumed }

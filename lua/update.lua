@@ -1,0 +1,55 @@
+--[[ update: reschedule a scheduled run and/or replace its payload.
+  KEYS[1] meta    HASH   tag..'meta' (the tag is KEYS[1] minus 'meta')
+  KEYS[2] body    HASH   tag..'t:'..xy, the body hash of ARGV[1]
+  KEYS[3] events  STREAM tag..'events'
+  ARGV[1] run_id   ARGV[2] tenant
+  ARGV[3] run_at_ms ('' = keep)   ARGV[4] delay_ms ('' = keep; used when ARGV[3] is '')
+  ARGV[5] payload JSON text ('' = keep)   ARGV[6] bucket_ms   ARGV[7] now_ms override
+  ARGV[8] event log cap   ARGV[9] wake channel ('' = none)   ARGV[10] shard number
+  Derived keys (same tag): near:<tenant>, due, w:<bucket>, wheel.
+  Returns: {1, record, wake}   updated; wake = 1 if the shard's next action moved earlier
+  Errors:  {-1} NOT_FOUND      no such run for this tenant
+           {-2, state}         INVALID_STATE: not scheduled any more ]]
+local rcall = redis.call
+local meta_key, body_key_, events_key = KEYS[1], KEYS[2], KEYS[3]
+local run_id, tenant, run_at, delay_ms = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local payload, bucket_ms, now_override = ARGV[5], tonumber(ARGV[6]), ARGV[7]
+local event_cap, wake_channel, shard = ARGV[8], ARGV[9], ARGV[10]
+local tag = string.sub(meta_key, 1, -5)
+
+--!include lib/record.lua
+--!include lib/clock.lua
+--!include lib/wheel.lua
+--!include lib/events.lua
+
+local r = record_load(body_key_, run_id)
+if r == nil or r[R_TENANT] ~= tenant then
+  return { -1 }
+end
+if r[R_STATE] ~= ST_SCHEDULED then
+  return { -2, r[R_STATE] }
+end
+local now = clock_now_ms(now_override)
+local wake = 0
+local due_ms = r[R_DUE]
+if run_at ~= '' then
+  due_ms = tonumber(run_at)
+elseif delay_ms ~= '' then
+  due_ms = now + tonumber(delay_ms)
+end
+if due_ms ~= r[R_DUE] then
+  wheel_remove(tag, run_id, tenant, r[R_DUE], bucket_ms)
+  wake = wheel_place(tag, meta_key, run_id, tenant, due_ms, bucket_ms)
+  r[R_DUE] = due_ms
+end
+if payload ~= '' then
+  r[R_PAYLOAD] = payload
+end
+r[R_UPDATED] = now
+local raw = record_save(body_key_, run_id, r)
+event_emit(events_key, event_cap, 'e', 'updated', 'id', run_id, 'tenant', tenant, 'at', now,
+  'due_ms', due_ms, 'payload', r[R_PAYLOAD])
+if wake == 1 and wake_channel ~= '' then
+  rcall('PUBLISH', wake_channel, shard)
+end
+return { 1, raw, wake }

@@ -1,0 +1,38 @@
+"""timewheel: multi-tenant, durable, distributed task scheduling on Redis."""
+
+from timewheel.config import Settings
+from timewheel.engine import Engine, NewTask
+from timewheel.errors import (
+    ConfigError,
+    InvalidState,
+    LeaseLost,
+    PayloadTooLarge,
+    RedisUnavailable,
+    ScriptError,
+    TaskNotFound,
+    TimewheelError,
+    ValidationError,
+)
+from timewheel.models import CreateResult, Delivery, Task, TickResult
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ConfigError",
+    "CreateResult",
+    "Delivery",
+    "Engine",
+    "InvalidState",
+    "LeaseLost",
+    "NewTask",
+    "PayloadTooLarge",
+    "RedisUnavailable",
+    "ScriptError",
+    "Settings",
+    "Task",
+    "TaskNotFound",
+    "TickResult",
+    "TimewheelError",
+    "ValidationError",
+    "__version__",
+]

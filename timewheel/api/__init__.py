@@ -1,0 +1,5 @@
+"""The HTTP API (Starlette)."""
+
+from timewheel.api.app import create_app
+
+__all__ = ["create_app"]

@@ -1,0 +1,148 @@
+"""The `timewheel` command: dev, api, scheduler, scripts check."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from redis.exceptions import RedisError
+
+from timewheel import __version__
+from timewheel.config import Settings
+from timewheel.engine import Engine
+from timewheel.errors import ConfigError, TimewheelError
+from timewheel.logs import configure
+from timewheel.scripts import OPERATIONS, Script, ScriptCode, header_codes
+from timewheel.serve import serve
+
+DEV_REDIS_PORT = 6399
+
+
+def _add_common(p: argparse.ArgumentParser, *, redis_url: bool = True) -> None:
+    if redis_url:
+        p.add_argument("--redis-url", help="Redis URL, standalone or any Cluster node "
+                       "(env TIMEWHEEL_REDIS_URL; default redis://127.0.0.1:6379)")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--log-json", action="store_true", help="JSON log lines")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="timewheel", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"timewheel {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    dev = sub.add_parser("dev", help="local redis-server (AOF) + API + scheduler in one process")
+    dev.add_argument("--data-dir", default=".timewheel", type=Path,
+                     help="where redis-server keeps its AOF (default ./.timewheel)")
+    dev.add_argument("--host", default="127.0.0.1")
+    dev.add_argument("--port", default=8080, type=int, help="API port (default 8080)")
+    dev.add_argument("--redis-port", default=DEV_REDIS_PORT, type=int,
+                     help=f"port of the local redis-server (default {DEV_REDIS_PORT}; 0 = any free)")
+    _add_common(dev, redis_url=False)
+
+    api = sub.add_parser("api", help="run the HTTP API")
+    api.add_argument("--host", default="127.0.0.1")
+    api.add_argument("--port", default=8080, type=int)
+    _add_common(api)
+
+    sched = sub.add_parser("scheduler", help="run a scheduler node")
+    _add_common(sched)
+
+    scripts = sub.add_parser("scripts", help="Lua script tools")
+    scripts_sub = scripts.add_subparsers(dest="scripts_command", required=True)
+    check = scripts_sub.add_parser("check", help="check headers, and load every script if a "
+                                   "Redis URL is given")
+    check.add_argument("--redis-url")
+    return parser
+
+
+def _settings(args: argparse.Namespace, **overrides: object) -> Settings:
+    return Settings.from_env(redis_url=getattr(args, "redis_url", None), **overrides)
+
+
+async def _run_dev(args: argparse.Namespace) -> None:
+    from timewheel.redis_server import RedisServer
+
+    data_dir: Path = args.data_dir.resolve()
+    (data_dir / "redis").mkdir(parents=True, exist_ok=True)
+    server = RedisServer(data_dir / "redis", port=args.redis_port)
+    server.start()
+    try:
+        settings = _settings(args, redis_url=server.url)
+        engine = await Engine.connect(settings)
+        print(
+            f"timewheel dev: API http://{args.host}:{args.port}  redis {server.url} "
+            f"(AOF, appendfsync always, in {data_dir / 'redis'})  Ctrl-C stops all",
+            file=sys.stderr,
+            flush=True,
+        )
+        try:
+            await serve(engine, api=True, scheduler=True, host=args.host, port=args.port)
+        finally:
+            await engine.close()
+    finally:
+        server.stop()
+
+
+async def _run(args: argparse.Namespace, *, api: bool, scheduler: bool) -> None:
+    engine = await Engine.connect(_settings(args))
+    try:
+        await serve(engine, api=api, scheduler=scheduler,
+                    host=getattr(args, "host", "127.0.0.1"), port=getattr(args, "port", 8080))
+    finally:
+        await engine.close()
+
+
+async def _scripts_check(args: argparse.Namespace) -> None:
+    expected = {code.value: code.name for code in ScriptCode}
+    for name in OPERATIONS:
+        script = Script.load(name)
+        for code, label in header_codes(name).items():
+            if expected.get(code) != label:
+                raise ConfigError(f"lua/{name}.lua documents {code} {label}, unknown to ScriptCode")
+        print(f"{name:16} {script.sha}")
+    if args.redis_url:
+        from timewheel.redis_client import connect
+
+        client = await connect(args.redis_url)
+        try:
+            for name in OPERATIONS:
+                script = Script.load(name)
+                sha = await client.script_load(script.source)
+                if sha != script.sha:
+                    raise ConfigError(f"{name}: server computed SHA {sha}, expected {script.sha}")
+        except RedisError as exc:
+            raise ConfigError(f"a script failed to load: {exc}") from exc
+        finally:
+            await client.aclose()
+        print(f"all {len(OPERATIONS)} scripts load on {args.redis_url}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    configure(getattr(args, "log_level", "info"), json=getattr(args, "log_json", False))
+    try:
+        if args.command == "dev":
+            asyncio.run(_run_dev(args))
+        elif args.command == "api":
+            asyncio.run(_run(args, api=True, scheduler=False))
+        elif args.command == "scheduler":
+            asyncio.run(_run(args, api=False, scheduler=True))
+        elif args.command == "scripts":
+            asyncio.run(_scripts_check(args))
+    except ConfigError as exc:
+        print(f"timewheel: {exc}", file=sys.stderr)
+        return 2
+    except TimewheelError as exc:
+        print(f"timewheel: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,387 @@
+"""The engine: every task operation, each one Lua call on one shard.
+
+Where a task goes: `create` puts it in its shard's wheel (near level or a far bucket,
+lua/create.lua); `promote` moves far buckets nearer (lua/promote.lua); `tick` moves due
+runs into ready streams (lua/tick.lua); `ack` marks them succeeded (lua/ack.lua);
+`cancel` and `update` change them while still scheduled. Python only reads (`get`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import NoScriptError, RedisError
+
+from timewheel import ids, record
+from timewheel.config import Settings
+from timewheel.errors import (
+    ConfigError,
+    PayloadTooLarge,
+    RedisUnavailable,
+    TaskNotFound,
+    ValidationError,
+)
+from timewheel.keys import Keys
+from timewheel.models import CreateResult, Delivery, JSONValue, PromoteResult, Task, TickResult
+from timewheel.redis_client import RedisClient, connect
+from timewheel.scripts import Script, ScriptArg, Scripts, check
+
+NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+def validate_name(value: object, field_name: str) -> str:
+    """A tenant or queue name: 1-64 of letters, digits, '_', '.', '-' (they go into keys)."""
+    if not isinstance(value, str) or not NAME.match(value):
+        raise ValidationError(
+            f"{field_name} must be 1-64 characters of A-Z a-z 0-9 _ . - (got {value!r})",
+            field=field_name,
+        )
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class NewTask:
+    """A create request, already validated at the edge (times in epoch ms)."""
+
+    tenant: str
+    payload_json: str = "null"
+    queue: str = "default"
+    run_at_ms: int | None = None
+    delay_ms: int | None = None
+    idempotency_key: str | None = None
+    options: Mapping[str, JSONValue] = field(default_factory=dict)
+
+
+def _opt_int(value: Any) -> int | None:
+    return None if value is None or int(value) < 0 else int(value)
+
+
+class Engine:
+    """Task operations against one deployment's Redis (standalone or Cluster)."""
+
+    def __init__(self, client: RedisClient, settings: Settings, scripts: Scripts | None = None):
+        self.client = client
+        self.settings = settings
+        self.keys = Keys(settings.prefix)
+        self.scripts = scripts or Scripts()
+        self.is_cluster = isinstance(client, RedisCluster)
+
+    @classmethod
+    async def connect(cls, settings: Settings) -> Engine:
+        """Connect, check the deployment layout, and return an engine."""
+        engine = cls(await connect(settings.redis_url), settings)
+        try:
+            await engine.ensure_layout()
+        except BaseException:
+            await engine.close()
+            raise
+        return engine
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+    async def ensure_layout(self) -> None:
+        """Record shards and bucket_ms on first use; refuse settings that disagree later.
+
+        Raises:
+            ConfigError: the deployment was created with another shard count or bucket width.
+        """
+        key = self.keys.layout()
+        try:
+            await self.client.hsetnx(key, "shards", self.settings.shards)
+            await self.client.hsetnx(key, "bucket_ms", self.settings.bucket_ms)
+            stored = await self.client.hgetall(key)
+        except (RedisError, OSError) as exc:
+            raise RedisUnavailable(f"cannot read layout key {key!r}: {exc}") from exc
+        for name in ("shards", "bucket_ms"):
+            have = int(stored[name.encode()])
+            if have != getattr(self.settings, name):
+                raise ConfigError(
+                    f"Setting {name!r} is {getattr(self.settings, name)} but the deployment "
+                    f"under prefix {self.settings.prefix!r} was created with {have}."
+                )
+
+    async def ping(self) -> bool:
+        try:
+            return bool(await self.client.ping())
+        except (RedisError, OSError):
+            return False
+
+    # -- placement -----------------------------------------------------------------
+
+    def shards_of(self, tenant: str) -> list[int]:
+        """The shards holding a tenant's tasks and ready streams."""
+        return ids.tenant_shards(tenant, self.settings.default_spread, self.settings.shards)
+
+    def _locate(self, task_id: str) -> int:
+        shard = ids.shard_of(task_id)
+        if shard is None or shard >= self.settings.shards:
+            raise TaskNotFound(task_id)
+        return shard
+
+    async def _call(self, script: Script, keys: Sequence[str], args: Sequence[ScriptArg]) -> Any:
+        try:
+            return await script(self.client, keys, args)
+        except (RedisError, OSError) as exc:
+            if isinstance(exc, NoScriptError):  # pragma: no cover - handled in Script
+                raise
+            if "timewheel:" in str(exc):
+                raise
+            raise RedisUnavailable(f"{script.name} failed: {exc}") from exc
+
+    # -- create ----------------------------------------------------------------------
+
+    def _prepare(self, new: NewTask) -> tuple[Script, list[str], list[ScriptArg], str, int]:
+        validate_name(new.tenant, "tenant")
+        validate_name(new.queue, "queue")
+        size = len(new.payload_json.encode())
+        if size > self.settings.max_payload_bytes:
+            raise PayloadTooLarge(
+                f"payload is {size} bytes; the limit is {self.settings.max_payload_bytes}",
+                field="payload",
+            )
+        if (new.run_at_ms is None) == (new.delay_ms is None):
+            raise ValidationError("give exactly one of run_at or delay", field="run_at")
+        if new.idempotency_key is not None:
+            token = ids.idempotent_token(new.tenant, new.idempotency_key)
+        else:
+            token = ids.new_token()
+        shard = ids.shard_for(new.tenant, token, self.settings.default_spread, self.settings.shards)
+        task_id = ids.make_task_id(shard, token)
+        k, s = self.keys, self.settings
+        keys = [k.meta(shard), k.body(shard, task_id), k.events(shard)]
+        args: list[ScriptArg] = [
+            task_id,
+            new.tenant,
+            new.queue,
+            "" if new.run_at_ms is None else new.run_at_ms,
+            0 if new.delay_ms is None else new.delay_ms,
+            new.payload_json,
+            json.dumps(dict(new.options), separators=(",", ":")) if new.options else "",
+            "1" if new.idempotency_key is not None else "0",
+            s.bucket_ms,
+            "",
+            s.event_log_max,
+            k.wake_channel(),
+            shard,
+        ]
+        return self.scripts.create, keys, args, task_id, shard
+
+    def _created(self, task_id: str, reply: list[Any]) -> CreateResult:
+        if int(reply[0]) == 1:
+            return CreateResult(None, task_id, True, int(reply[1]), bool(int(reply[2])))
+        task = record.decode(task_id, reply[1])
+        return CreateResult(task, task_id, False, task.due_ms)
+
+    async def create(self, new: NewTask, *, now_ms: int | None = None) -> CreateResult:
+        """Schedule a one-shot task; an existing idempotency key returns the existing task.
+
+        Raises:
+            ValidationError: a name or time is malformed.
+            PayloadTooLarge: the payload is over the configured limit.
+        """
+        script, keys, args, task_id, _ = self._prepare(new)
+        if now_ms is not None:
+            args[9] = now_ms
+        return self._created(task_id, await self._call(script, keys, args))
+
+    async def create_many(self, batch: Sequence[NewTask], *, concurrency: int = 64) -> list[CreateResult]:
+        """Create many tasks: pipelined on standalone, concurrent per call on Cluster."""
+        prepared = [self._prepare(new) for new in batch]
+        if not self.is_cluster:
+            return await self._create_pipelined(prepared)
+        gate = asyncio.Semaphore(concurrency)
+
+        async def one(p: tuple[Script, list[str], list[ScriptArg], str, int]) -> CreateResult:
+            async with gate:
+                return self._created(p[3], await self._call(p[0], p[1], p[2]))
+
+        return list(await asyncio.gather(*(one(p) for p in prepared)))
+
+    async def _create_pipelined(
+        self, prepared: list[tuple[Script, list[str], list[ScriptArg], str, int]]
+    ) -> list[CreateResult]:
+        pipe = self.client.pipeline(transaction=False)
+        for script, keys, args, _, _ in prepared:
+            pipe.evalsha(script.sha, len(keys), *keys, *args)  # type: ignore[no-untyped-call]
+        try:
+            replies = await pipe.execute(raise_on_error=False)
+        except (RedisError, OSError) as exc:
+            raise RedisUnavailable(f"create pipeline failed: {exc}") from exc
+        out = []
+        for (script, keys, args, task_id, _), reply in zip(prepared, replies, strict=True):
+            if isinstance(reply, NoScriptError):
+                reply = await self._call(script, keys, args)
+            elif isinstance(reply, Exception):
+                raise RedisUnavailable(f"create failed: {reply}") from reply
+            out.append(self._created(task_id, reply))
+        return out
+
+    # -- read, cancel, update -------------------------------------------------------
+
+    async def get(self, tenant: str, task_id: str) -> Task:
+        """The task as stored. Another tenant's id is TaskNotFound, like an unknown one."""
+        shard = self._locate(task_id)
+        try:
+            raw = await self.client.hget(self.keys.body(shard, task_id), task_id)
+        except (RedisError, OSError) as exc:
+            raise RedisUnavailable(f"get failed: {exc}") from exc
+        if raw is None:
+            raise TaskNotFound(task_id)
+        task = record.decode(task_id, raw)
+        if task.tenant != tenant:
+            raise TaskNotFound(task_id)
+        return task
+
+    async def cancel(self, tenant: str, task_id: str, *, now_ms: int | None = None) -> Task:
+        """Cancel a scheduled task. Raises TaskNotFound, or InvalidState once dispatched."""
+        shard = self._locate(task_id)
+        k = self.keys
+        reply = await self._call(
+            self.scripts.cancel,
+            [k.meta(shard), k.body(shard, task_id), k.events(shard)],
+            [task_id, tenant, self.settings.bucket_ms, _arg(now_ms), self.settings.event_log_max],
+        )
+        check(reply, run_id=task_id, action="cancel")
+        return record.decode(task_id, reply[1])
+
+    async def update(
+        self,
+        tenant: str,
+        task_id: str,
+        *,
+        run_at_ms: int | None = None,
+        delay_ms: int | None = None,
+        payload_json: str | None = None,
+        now_ms: int | None = None,
+    ) -> Task:
+        """Reschedule and/or replace the payload of a scheduled task.
+
+        Raises:
+            TaskNotFound: unknown id or another tenant's.
+            InvalidState: the task is no longer scheduled.
+            PayloadTooLarge: the new payload is over the limit.
+        """
+        if payload_json is not None and len(payload_json.encode()) > self.settings.max_payload_bytes:
+            raise PayloadTooLarge(
+                f"payload is over the limit of {self.settings.max_payload_bytes} bytes",
+                field="payload",
+            )
+        shard = self._locate(task_id)
+        k, s = self.keys, self.settings
+        reply = await self._call(
+            self.scripts.update,
+            [k.meta(shard), k.body(shard, task_id), k.events(shard)],
+            [
+                task_id,
+                tenant,
+                _arg(run_at_ms),
+                _arg(delay_ms),
+                payload_json or "",
+                s.bucket_ms,
+                _arg(now_ms),
+                s.event_log_max,
+                k.wake_channel(),
+                shard,
+            ],
+        )
+        check(reply, run_id=task_id, action="reschedule")
+        return record.decode(task_id, reply[1])
+
+    # -- scheduler side -------------------------------------------------------------
+
+    async def tick(
+        self,
+        shard: int,
+        *,
+        limit: int | None = None,
+        now_ms: int | None = None,
+        node: str = "",
+        epoch: int | str = "",
+    ) -> TickResult:
+        """Dispatch up to `limit` due runs of one shard. Raises LeaseLost when fenced out."""
+        k, s = self.keys, self.settings
+        reply = await self._call(
+            self.scripts.tick,
+            [k.meta(shard), k.due(shard), k.events(shard)],
+            [limit or s.tick_batch, _arg(now_ms), node, epoch, s.event_log_max],
+        )
+        check(reply, action="tick", shard=shard)
+        return TickResult(
+            shard=shard,
+            dispatched=int(reply[0]),
+            next_due_ms=_opt_int(reply[1]),
+            now_ms=int(reply[2]),
+            clock_back_ms=int(reply[3]),
+            next_bucket_ms=_opt_int(reply[4]),
+            promoted_until_ms=int(reply[5]),
+            consumed=int(reply[6]),
+        )
+
+    async def promote(
+        self,
+        shard: int,
+        *,
+        limit: int | None = None,
+        now_ms: int | None = None,
+        node: str = "",
+        epoch: int | str = "",
+    ) -> PromoteResult:
+        """Move far buckets that start within the horizon into the near level."""
+        k, s = self.keys, self.settings
+        reply = await self._call(
+            self.scripts.promote,
+            [k.meta(shard), k.due(shard), k.wheel(shard)],
+            [s.horizon_ms, s.bucket_ms, limit or s.promote_batch, _arg(now_ms), node, epoch],
+        )
+        check(reply, action="promote", shard=shard)
+        return PromoteResult(
+            shard=shard,
+            moved=int(reply[0]),
+            more=bool(int(reply[1])),
+            promoted_until_ms=int(reply[2]),
+            next_bucket_ms=_opt_int(reply[3]),
+        )
+
+    async def expire_finished(
+        self, shard: int, *, limit: int = 2000, now_ms: int | None = None
+    ) -> tuple[int, bool]:
+        """Delete finished records past retention; returns (deleted, more)."""
+        k, s = self.keys, self.settings
+        reply = await self._call(
+            self.scripts.expire_finished,
+            [k.meta(shard), k.expiry(shard)],
+            [s.retention_ms, s.bucket_ms, limit, _arg(now_ms)],
+        )
+        return int(reply[0]), bool(int(reply[1]))
+
+    # -- executor side --------------------------------------------------------------
+
+    async def ack(self, delivery: Delivery, group: str, *, now_ms: int | None = None) -> bool:
+        """Acknowledge a delivery: XACK + XDEL, state -> succeeded. False if it was stale."""
+        shard = self.keys.shard_of_key(delivery.stream)
+        reply = await self._call(
+            self.scripts.ack,
+            [delivery.stream, self.keys.events(shard)],
+            [
+                group,
+                delivery.entry_id,
+                delivery.run_id,
+                delivery.attempt,
+                self.settings.bucket_ms,
+                _arg(now_ms),
+                self.settings.event_log_max,
+            ],
+        )
+        check(reply, run_id=delivery.run_id, action="ack")
+        return int(reply[0]) == 1
+
+
+def _arg(value: int | None) -> ScriptArg:
+    return "" if value is None else value

@@ -1,0 +1,68 @@
+"""Task ids: the shard a task lives in is written into its id.
+
+A task id is 3 hex digits of shard number followed by 13 characters of Crockford
+base32 (65 bits): 16 characters. The shard prefix lets any process find a task from
+its id alone; the last two characters pick its body hash within the shard. An id
+derived from (tenant, idempotency key) is a hash of both, so the task record is its
+own dedupe record (DESIGN.md section 3).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import zlib
+
+ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"
+TOKEN_CHARS = 13
+MAX_SHARDS = 4096
+
+
+def _encode(value: int) -> str:
+    out = []
+    for _ in range(TOKEN_CHARS):
+        out.append(ALPHABET[value & 31])
+        value >>= 5
+    return "".join(reversed(out))
+
+
+def new_token() -> str:
+    """A random 65-bit token."""
+    return _encode(secrets.randbits(5 * TOKEN_CHARS))
+
+
+def idempotent_token(tenant: str, key: str) -> str:
+    """A token derived from (tenant, idempotency key): the same pair gives the same token."""
+    digest = hashlib.sha256(f"{tenant}\0{key}".encode()).digest()
+    return _encode(int.from_bytes(digest[:9], "big"))
+
+
+def tenant_shards(tenant: str, spread: int, shards: int) -> list[int]:
+    """The shards a tenant's tasks are placed in: `spread` consecutive shards from a hash."""
+    base = zlib.crc32(tenant.encode())
+    return [(base + i) % shards for i in range(min(spread, shards))]
+
+
+def shard_for(tenant: str, token: str, spread: int, shards: int) -> int:
+    """The shard of a task: one of its tenant's shards, chosen by the token."""
+    choices = tenant_shards(tenant, spread, shards)
+    return choices[zlib.crc32(token.encode()) % len(choices)]
+
+
+def make_task_id(shard: int, token: str) -> str:
+    """Join shard and token into a task id."""
+    return f"{shard:03x}{token}"
+
+
+def shard_of(task_id: str) -> int | None:
+    """The shard written in a task or run id, or None if the id is not one of ours."""
+    base = task_id.split("@", 1)[0]
+    if len(base) != 3 + TOKEN_CHARS:
+        return None
+    try:
+        shard = int(base[:3], 16)
+    except ValueError:
+        return None
+    if any(c not in ALPHABET for c in base[3:]):
+        return None
+    return shard

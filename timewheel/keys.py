@@ -1,0 +1,74 @@
+"""The only place Redis key names, hash tags and channels are built."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Keys:
+    """Key names of one deployment.
+
+    Every key of shard n starts with the tag ``{<prefix>:<n>}:`` so one Lua call touches
+    one cluster slot. Lua scripts derive further keys from the tag they are given
+    (see the headers in lua/); the suffixes here and there must agree.
+    """
+
+    prefix: str = "tw"
+
+    def tag(self, shard: int) -> str:
+        """The key prefix of a shard, hash tag included, e.g. ``{tw:3}:``."""
+        return f"{{{self.prefix}:{shard}}}:"
+
+    def meta(self, shard: int) -> str:
+        """HASH: hwm, promoted_until, scan cursors of the shard."""
+        return self.tag(shard) + "meta"
+
+    def due(self, shard: int) -> str:
+        """ZSET tenant -> earliest near-level due_ms."""
+        return self.tag(shard) + "due"
+
+    def near(self, shard: int, tenant: str) -> str:
+        """ZSET run_id -> due_ms: a tenant's runs due before promoted_until."""
+        return self.tag(shard) + "near:" + tenant
+
+    def wheel(self, shard: int) -> str:
+        """ZSET of far-level bucket starts."""
+        return self.tag(shard) + "wheel"
+
+    def bucket(self, shard: int, bucket_start_ms: int) -> str:
+        """HASH run_id -> '' of one far-level time bucket."""
+        return f"{self.tag(shard)}w:{bucket_start_ms}"
+
+    def expiry(self, shard: int) -> str:
+        """ZSET of finish-bucket starts of records kept for the retention window."""
+        return self.tag(shard) + "expiry"
+
+    def body(self, shard: int, run_id: str) -> str:
+        """HASH run_id -> record; the bucket is the last two characters of the task id."""
+        return self.tag(shard) + "t:" + run_id.split("@", 1)[0][-2:]
+
+    def stream(self, shard: int, tenant: str, queue: str) -> str:
+        """STREAM of dispatched runs of one (tenant, queue) in one shard."""
+        return f"{self.tag(shard)}q:{tenant}:{queue}"
+
+    def events(self, shard: int) -> str:
+        """STREAM: the shard's capped event log."""
+        return self.tag(shard) + "events"
+
+    def lease(self, shard: int) -> str:
+        """STRING '<node>/<epoch>' with a TTL: who may run scheduler scripts on the shard."""
+        return self.tag(shard) + "lease"
+
+    def layout(self) -> str:
+        """HASH shards, bucket_ms: fixed when a deployment is created, checked at start."""
+        return f"{self.prefix}:layout"
+
+    def wake_channel(self) -> str:
+        """Pub/sub channel on which creates announce a shard whose next due time moved earlier."""
+        return f"{self.prefix}:wake"
+
+    def shard_of_key(self, key: str) -> int:
+        """The shard number in a key built here."""
+        start = key.index("{") + len(self.prefix) + 2
+        return int(key[start : key.index("}", start)])

@@ -1,0 +1,44 @@
+"""Connecting to Redis: one URL, standalone or Cluster, detected at connect time."""
+
+from __future__ import annotations
+
+from typing import TypeAlias
+
+import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import RedisError
+
+from timewheel.errors import ConfigError, RedisUnavailable
+
+RedisClient: TypeAlias = "aioredis.Redis | RedisCluster"
+
+
+async def connect(url: str, *, max_connections: int = 64) -> RedisClient:
+    """A client for `url`; a node with cluster mode enabled gets a cluster client.
+
+    Raises:
+        ConfigError: the URL is malformed.
+        RedisUnavailable: nothing answers at the URL.
+    """
+    if not url.startswith(("redis://", "rediss://", "unix://")):
+        raise ConfigError(f"Redis URL {url!r} must start with redis://, rediss:// or unix://")
+    probe = aioredis.Redis.from_url(url, socket_connect_timeout=5)
+    try:
+        info = await probe.info("cluster")
+    except (RedisError, OSError) as exc:
+        raise RedisUnavailable(f"cannot reach Redis at {url}: {exc}") from exc
+    finally:
+        await probe.aclose()
+    if info.get("cluster_enabled"):
+        cluster = RedisCluster.from_url(url, max_connections=max_connections)
+        await cluster.initialize()
+        return cluster
+    return aioredis.Redis.from_url(url, max_connections=max_connections)
+
+
+async def redis_version(client: RedisClient) -> tuple[int, ...]:
+    """The server's version as a tuple (the first node's, on Cluster)."""
+    info = await client.info("server")
+    if isinstance(client, RedisCluster):
+        info = next(iter(info.values())) if info and isinstance(next(iter(info.values())), dict) else info
+    return tuple(int(p) for p in str(info["redis_version"]).split(".")[:3])

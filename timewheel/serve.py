@@ -1,0 +1,70 @@
+"""Running the processes: the API under uvicorn, the scheduler, or both, until a signal."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from collections.abc import Generator
+
+import structlog
+import uvicorn
+
+from timewheel.api import create_app
+from timewheel.engine import Engine
+from timewheel.scheduler import Scheduler
+
+log = structlog.get_logger("timewheel")
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal handling: we stop it together with the scheduler."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield
+
+
+def _on_signals(stop: asyncio.Event) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+
+
+async def serve(
+    engine: Engine,
+    *,
+    api: bool,
+    scheduler: bool,
+    host: str = "127.0.0.1",
+    port: int = 8080,
+    stop: asyncio.Event | None = None,
+) -> None:
+    """Run the API and/or the scheduler on `engine` until SIGINT/SIGTERM (or `stop`)."""
+    stop = stop or asyncio.Event()
+    _on_signals(stop)
+    tasks: list[asyncio.Task[object]] = []
+    server: _Server | None = None
+    if api:
+        config = uvicorn.Config(
+            create_app(engine.settings, engine=engine),
+            host=host,
+            port=port,
+            log_level="warning",
+            lifespan="on",
+        )
+        server = _Server(config)
+        tasks.append(asyncio.create_task(server.serve()))
+        log.info("api_listening", url=f"http://{host}:{port}")
+    if scheduler:
+        tasks.append(asyncio.create_task(Scheduler(engine).run(stop)))
+    stopper = asyncio.create_task(stop.wait())
+    done, _ = await asyncio.wait({stopper, *tasks}, return_when=asyncio.FIRST_COMPLETED)
+    stop.set()
+    if server is not None:
+        server.should_exit = True
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    stopper.cancel()
+    for result in results:
+        if isinstance(result, BaseException) and not isinstance(result, asyncio.CancelledError):
+            raise result
