@@ -60,7 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _settings(args: argparse.Namespace, **overrides: object) -> Settings:
-    return Settings.from_env(redis_url=getattr(args, "redis_url", None), **overrides)
+    overrides.setdefault("redis_url", getattr(args, "redis_url", None))
+    return Settings.from_env(**overrides)
 
 
 async def _run_dev(args: argparse.Namespace) -> None:
