@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from typing import Any
 
 from redis.asyncio.cluster import RedisCluster
 
@@ -33,7 +34,7 @@ async def all_deliveries(engine: Engine) -> list[Delivery]:
     for key in await stream_keys(engine):
         last = "-"
         while True:
-            entries = await engine.client.xrange(key, min=last, max="+", count=5000)
+            entries: Any = await engine.client.xrange(key, min=last, max="+", count=5000)
             if last != "-":
                 entries = entries[1:]
             if not entries:

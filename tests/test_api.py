@@ -9,10 +9,9 @@ from datetime import UTC, datetime, timedelta
 import httpx
 import pytest
 
+from tests.test_engine import prime, tick_all
 from timewheel.api import create_app
 from timewheel.engine import Engine
-
-from tests.test_engine import prime, tick_all
 
 
 @pytest.fixture
@@ -43,8 +42,15 @@ def assert_error(resp: httpx.Response, status: int, code: str, field: str | None
 
 async def test_create_get_patch_delete(client: httpx.AsyncClient) -> None:
     run_at = in_future(60)
-    resp = await client.post("/v1/tasks", json={"run_at": run_at, "payload": {"n": 1},
-                                                "queue": "evals", "retry": {"max_attempts": 3}})
+    resp = await client.post(
+        "/v1/tasks",
+        json={
+            "run_at": run_at,
+            "payload": {"n": 1},
+            "queue": "evals",
+            "retry": {"max_attempts": 3},
+        },
+    )
     assert resp.status_code == 201, resp.text
     task = resp.json()
     assert task["state"] == "scheduled" and task["queue"] == "evals" and task["payload"] == {"n": 1}
@@ -52,44 +58,52 @@ async def test_create_get_patch_delete(client: httpx.AsyncClient) -> None:
     got = await client.get(f"/v1/tasks/{task['id']}")
     assert got.status_code == 200 and got.json()["id"] == task["id"]
     new_time = in_future(120)
-    patched = await client.patch(f"/v1/tasks/{task['id']}", json={"run_at": new_time,
-                                                                 "payload": [1, 2]})
+    patched = await client.patch(
+        f"/v1/tasks/{task['id']}", json={"run_at": new_time, "payload": [1, 2]}
+    )
     assert patched.status_code == 200, patched.text
     assert patched.json()["payload"] == [1, 2]
     assert _ms(patched.json()["run_at"]) == _ms(new_time)
     deleted = await client.delete(f"/v1/tasks/{task['id']}")
     assert deleted.status_code == 200 and deleted.json()["state"] == "cancelled"
     assert_error(await client.delete(f"/v1/tasks/{task['id']}"), 409, "invalid_state")
-    assert_error(await client.patch(f"/v1/tasks/{task['id']}", json={"delay": 5}), 409,
-                 "invalid_state")
+    assert_error(
+        await client.patch(f"/v1/tasks/{task['id']}", json={"delay": 5}), 409, "invalid_state"
+    )
 
 
-async def test_idempotent_create_answers_200_with_the_existing_task(client: httpx.AsyncClient) -> None:
+async def test_idempotent_create_answers_200_with_the_existing_task(
+    client: httpx.AsyncClient,
+) -> None:
     body = {"delay": 30, "payload": "x", "idempotency_key": "sync-2026-11-29"}
     first = await client.post("/v1/tasks", json=body)
     second = await client.post("/v1/tasks", json={**body, "payload": "y"})
     assert (first.status_code, second.status_code) == (201, 200)
     assert second.json()["id"] == first.json()["id"] and second.json()["payload"] == "x"
-    by_header = await client.post("/v1/tasks", json={"delay": 30},
-                                  headers={"Idempotency-Key": "sync-2026-11-29"})
+    by_header = await client.post(
+        "/v1/tasks", json={"delay": 30}, headers={"Idempotency-Key": "sync-2026-11-29"}
+    )
     assert by_header.status_code == 200 and by_header.json()["id"] == first.json()["id"]
 
 
-async def test_cancel_after_dispatch_is_409(client: httpx.AsyncClient,
-                                            standalone_engine: Engine) -> None:
+async def test_cancel_after_dispatch_is_409(
+    client: httpx.AsyncClient, standalone_engine: Engine
+) -> None:
     now = int(datetime.now(UTC).timestamp() * 1000)
     await prime(standalone_engine, now)
     created = (await client.post("/v1/tasks", json={"delay": 0})).json()
     assert await tick_all(standalone_engine, now + 1000) == 1
     assert (await client.get(f"/v1/tasks/{created['id']}")).json()["state"] == "dispatched"
     assert_error(await client.delete(f"/v1/tasks/{created['id']}"), 409, "invalid_state")
-    assert_error(await client.patch(f"/v1/tasks/{created['id']}", json={"payload": 1}), 409,
-                 "invalid_state")
+    assert_error(
+        await client.patch(f"/v1/tasks/{created['id']}", json={"payload": 1}), 409, "invalid_state"
+    )
 
 
 async def test_tenants_do_not_see_each_other(client: httpx.AsyncClient) -> None:
-    created = (await client.post("/v1/tasks", json={"delay": 60},
-                                 headers={"X-Timewheel-Tenant": "acme"})).json()
+    created = (
+        await client.post("/v1/tasks", json={"delay": 60}, headers={"X-Timewheel-Tenant": "acme"})
+    ).json()
     other = {"X-Timewheel-Tenant": "globex"}
     for method in ("GET", "DELETE"):
         resp = await client.request(method, f"/v1/tasks/{created['id']}", headers=other)
@@ -114,25 +128,46 @@ async def test_tenants_do_not_see_each_other(client: httpx.AsyncClient) -> None:
         (json.dumps({"delay": -1}).encode(), 422, "invalid", "delay"),
         (json.dumps({"delay": "5"}).encode(), 422, "invalid", "delay"),
         (json.dumps({"delay": True}).encode(), 422, "invalid", "delay"),
-        (json.dumps({"delay": 1, "run_at": "2026-11-29T10:00:00Z"}).encode(), 422, "invalid",
-         "delay"),
+        (
+            json.dumps({"delay": 1, "run_at": "2026-11-29T10:00:00Z"}).encode(),
+            422,
+            "invalid",
+            "delay",
+        ),
         (json.dumps({"delay": 1, "queue": "no spaces"}).encode(), 422, "invalid", "queue"),
         (json.dumps({"delay": 1, "priority": 3}).encode(), 422, "invalid", "priority"),
-        (json.dumps({"delay": 1, "retry": {"max_attempts": 0}}).encode(), 422, "invalid",
-         "retry.max_attempts"),
-        (json.dumps({"delay": 1, "retry": {"jitter": "lots"}}).encode(), 422, "invalid",
-         "retry.jitter"),
-        (json.dumps({"delay": 1, "idempotency_key": ""}).encode(), 422, "invalid",
-         "idempotency_key"),
-        (json.dumps({"delay": 1, "payload": "x" * 70_000}).encode(), 413, "payload_too_large",
-         "payload"),
+        (
+            json.dumps({"delay": 1, "retry": {"max_attempts": 0}}).encode(),
+            422,
+            "invalid",
+            "retry.max_attempts",
+        ),
+        (
+            json.dumps({"delay": 1, "retry": {"jitter": "lots"}}).encode(),
+            422,
+            "invalid",
+            "retry.jitter",
+        ),
+        (
+            json.dumps({"delay": 1, "idempotency_key": ""}).encode(),
+            422,
+            "invalid",
+            "idempotency_key",
+        ),
+        (
+            json.dumps({"delay": 1, "payload": "x" * 70_000}).encode(),
+            413,
+            "payload_too_large",
+            "payload",
+        ),
     ],
 )
 async def test_bad_create_input_gets_a_json_4xx(
     client: httpx.AsyncClient, body: bytes, status: int, code: str, field: str | None
 ) -> None:
-    resp = await client.post("/v1/tasks", content=body,
-                             headers={"content-type": "application/json"})
+    resp = await client.post(
+        "/v1/tasks", content=body, headers={"content-type": "application/json"}
+    )
     assert_error(resp, status, code, field)
 
 
@@ -144,10 +179,12 @@ async def test_oversized_body_is_refused_without_reading_it(client: httpx.AsyncC
 async def test_bad_patch_and_tenant_input(client: httpx.AsyncClient) -> None:
     task = (await client.post("/v1/tasks", json={"delay": 60})).json()
     assert_error(await client.patch(f"/v1/tasks/{task['id']}", json={}), 422, "invalid", "run_at")
-    assert_error(await client.patch(f"/v1/tasks/{task['id']}", json={"queue": "x"}), 422,
-                 "invalid", "queue")
-    assert_error(await client.patch(f"/v1/tasks/{task['id']}", content=b"nope"), 400,
-                 "malformed_json")
+    assert_error(
+        await client.patch(f"/v1/tasks/{task['id']}", json={"queue": "x"}), 422, "invalid", "queue"
+    )
+    assert_error(
+        await client.patch(f"/v1/tasks/{task['id']}", content=b"nope"), 400, "malformed_json"
+    )
     resp = await client.get(f"/v1/tasks/{task['id']}", headers={"X-Timewheel-Tenant": "a b"})
     assert_error(resp, 422, "invalid", "tenant")
     assert_error(await client.put(f"/v1/tasks/{task['id']}", json={}), 405, "method_not_allowed")

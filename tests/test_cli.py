@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import redis
@@ -33,9 +34,19 @@ def test_dev_runs_redis_api_and_scheduler_and_stops_cleanly(tmp_path: Path) -> N
     log = tmp_path / "dev.log"
     with log.open("w") as out:
         proc = subprocess.Popen(
-            [*CLI, "dev", "--data-dir", str(tmp_path / "data"), "--port", str(api_port),
-             "--redis-port", str(redis_port)],
-            stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "TIMEWHEEL_SHARDS": "16"},
+            [
+                *CLI,
+                "dev",
+                "--data-dir",
+                str(tmp_path / "data"),
+                "--port",
+                str(api_port),
+                "--redis-port",
+                str(redis_port),
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "TIMEWHEEL_SHARDS": "16"},
         )
     try:
         _wait_for("scheduler_started", log)
@@ -60,7 +71,8 @@ def test_dev_runs_redis_api_and_scheduler_and_stops_cleanly(tmp_path: Path) -> N
             while not client.xlen(stream):
                 assert time.monotonic() < deadline, "run never reached its stream"
                 time.sleep(0.05)
-            [(_, fields)] = client.xrange(stream)
+            entries: Any = client.xrange(stream)
+            [(_, fields)] = entries
             assert fields[b"run_id"] == task_id.encode()
             assert fields[b"payload"] == b'{"hi":1}'
         finally:
@@ -85,29 +97,39 @@ def test_dev_runs_redis_api_and_scheduler_and_stops_cleanly(tmp_path: Path) -> N
 
 
 def test_bad_redis_url_is_a_clear_error_with_exit_code_2() -> None:
-    done = subprocess.run([*CLI, "api", "--redis-url", "http://nope"], capture_output=True,
-                          text=True, timeout=30)
+    done = subprocess.run(
+        [*CLI, "api", "--redis-url", "http://nope"], capture_output=True, text=True, timeout=30
+    )
     assert done.returncode == 2
     assert "redis://" in done.stderr and "Traceback" not in done.stderr
 
 
 def test_unreachable_redis_is_exit_code_1() -> None:
     port = find_free_port()
-    done = subprocess.run([*CLI, "scheduler", "--redis-url", f"redis://127.0.0.1:{port}"],
-                          capture_output=True, text=True, timeout=30)
+    done = subprocess.run(
+        [*CLI, "scheduler", "--redis-url", f"redis://127.0.0.1:{port}"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert done.returncode == 1
     assert "cannot reach Redis" in done.stderr and "Traceback" not in done.stderr
 
 
 def test_bad_arguments_exit_2_without_traceback() -> None:
-    done = subprocess.run([*CLI, "dev", "--port", "eighty"], capture_output=True, text=True,
-                          timeout=30)
+    done = subprocess.run(
+        [*CLI, "dev", "--port", "eighty"], capture_output=True, text=True, timeout=30
+    )
     assert done.returncode == 2 and "invalid int value" in done.stderr
     assert "Traceback" not in done.stderr
 
 
 def test_scripts_check_loads_every_script(standalone_url: str) -> None:
-    done = subprocess.run([*CLI, "scripts", "check", "--redis-url", standalone_url],
-                          capture_output=True, text=True, timeout=30)
+    done = subprocess.run(
+        [*CLI, "scripts", "check", "--redis-url", standalone_url],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert done.returncode == 0, done.stderr
     assert "all 7 scripts load" in done.stdout

@@ -6,11 +6,11 @@ import asyncio
 import time
 from collections import Counter
 
-from timewheel.engine import Engine, NewTask
-from timewheel.worker import Worker
-
 from tests.conftest import test_settings
 from tests.helpers import all_deliveries, running_scheduler
+from timewheel.engine import Engine, NewTask
+from timewheel.models import Delivery
+from timewheel.worker import Worker
 
 
 def now_ms() -> int:
@@ -24,7 +24,7 @@ async def test_a_task_due_in_1_5_s_arrives_within_1_s_with_its_envelope(engine: 
         res = await engine.create(
             NewTask(tenant="acme", payload_json='{"job":"eval"}', delay_ms=1500)
         )
-        deliveries = []
+        deliveries: list[Delivery] = []
         deadline = time.monotonic() + 5
         while not deliveries and time.monotonic() < deadline:
             deliveries = await worker.read(block_ms=200)
@@ -98,10 +98,17 @@ async def test_worker_reads_every_shard_of_a_spread_tenant(redis_url: str) -> No
         worker = Worker(engine, "big", "default", consumer="w1")
         await worker.ensure_groups()
         created = await engine.create_many([NewTask(tenant="big", delay_ms=0) for _ in range(200)])
-        assert len({engine.keys.shard_of_key(engine.keys.body(int(c.task_id[:3], 16), c.task_id))
-                    for c in created}) == 4
+        assert (
+            len(
+                {
+                    engine.keys.shard_of_key(engine.keys.body(int(c.task_id[:3], 16), c.task_id))
+                    for c in created
+                }
+            )
+            == 4
+        )
         async with running_scheduler(engine):
-            got = []
+            got: list[Delivery] = []
             deadline = time.monotonic() + 10
             while len(got) < 200 and time.monotonic() < deadline:
                 got.extend(await worker.read(count=100, block_ms=200))

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from tests.helpers import all_deliveries
 from timewheel.engine import Engine, NewTask
 from timewheel.errors import InvalidState, PayloadTooLarge, TaskNotFound, ValidationError
 from timewheel.ids import shard_of
 from timewheel.keys import Keys
-
-from tests.helpers import all_deliveries
 
 NOW = 1_800_000_000_000  # a fixed shard clock for deterministic tests (2027-01-15)
 
@@ -29,13 +28,23 @@ async def tick_all(engine: Engine, now_ms: int, limit: int | None = None) -> int
 
 async def test_create_then_get_returns_the_stored_task(engine: Engine) -> None:
     res = await engine.create(
-        NewTask(tenant="acme", queue="emails", payload_json='{"to":"a@b.c"}', run_at_ms=NOW + 5000,
-                options={"retry": {"max_attempts": 5}}),
+        NewTask(
+            tenant="acme",
+            queue="emails",
+            payload_json='{"to":"a@b.c"}',
+            run_at_ms=NOW + 5000,
+            options={"retry": {"max_attempts": 5}},
+        ),
         now_ms=NOW,
     )
     assert res.created
     task = await engine.get("acme", res.task_id)
-    assert (task.state, task.attempt, task.due_ms, task.queue) == ("scheduled", 0, NOW + 5000, "emails")
+    assert (task.state, task.attempt, task.due_ms, task.queue) == (
+        "scheduled",
+        0,
+        NOW + 5000,
+        "emails",
+    )
     assert task.payload == {"to": "a@b.c"}
     assert task.options == {"retry": {"max_attempts": 5}}
     assert task.created_ms == NOW
@@ -49,8 +58,11 @@ async def test_delay_is_measured_on_the_shard_clock(engine: Engine) -> None:
 
 async def test_another_tenant_gets_not_found_like_an_unknown_id(engine: Engine) -> None:
     res = await engine.create(NewTask(tenant="acme", run_at_ms=NOW), now_ms=NOW)
-    for call in (engine.get("other", res.task_id), engine.cancel("other", res.task_id),
-                 engine.update("other", res.task_id, delay_ms=5)):
+    for call in (
+        engine.get("other", res.task_id),
+        engine.cancel("other", res.task_id),
+        engine.update("other", res.task_id, delay_ms=5),
+    ):
         with pytest.raises(TaskNotFound):
             await call
     for unknown in ("nope", "000zzzzzzzzzzzzz", "fff0000000000000"):
@@ -91,7 +103,9 @@ async def test_reschedule_moves_the_run_and_payload_change_keeps_time(engine: En
     far = await engine.create(NewTask(tenant="acme", run_at_ms=NOW + 60_000), now_ms=NOW)
     # near -> far and far -> near: both levels of the wheel are left consistently.
     await engine.update("acme", near.task_id, run_at_ms=NOW + 30_000, now_ms=NOW)
-    await engine.update("acme", far.task_id, run_at_ms=NOW + 700, payload_json='{"v":2}', now_ms=NOW)
+    await engine.update(
+        "acme", far.task_id, run_at_ms=NOW + 700, payload_json='{"v":2}', now_ms=NOW
+    )
     changed = await engine.update("acme", far.task_id, payload_json='{"v":3}', now_ms=NOW)
     assert changed.due_ms == NOW + 700 and changed.payload == {"v": 3}
     assert await tick_all(engine, NOW + 600) == 0
@@ -108,11 +122,15 @@ async def test_reschedule_moves_the_run_and_payload_change_keeps_time(engine: En
 
 async def test_idempotent_create_returns_the_same_task(engine: Engine) -> None:
     first = await engine.create(
-        NewTask(tenant="acme", payload_json='{"n":1}', run_at_ms=NOW + 5000, idempotency_key="order-7"),
+        NewTask(
+            tenant="acme", payload_json='{"n":1}', run_at_ms=NOW + 5000, idempotency_key="order-7"
+        ),
         now_ms=NOW,
     )
     again = await engine.create(
-        NewTask(tenant="acme", payload_json='{"n":2}', run_at_ms=NOW + 9000, idempotency_key="order-7"),
+        NewTask(
+            tenant="acme", payload_json='{"n":2}', run_at_ms=NOW + 9000, idempotency_key="order-7"
+        ),
         now_ms=NOW + 10,
     )
     assert first.created and not again.created
@@ -146,13 +164,17 @@ async def test_finished_tasks_still_dedupe_until_retention_expires(engine: Engin
 async def test_tick_writes_the_full_envelope(engine: Engine) -> None:
     await prime(engine)
     res = await engine.create(
-        NewTask(tenant="acme", queue="hooks", payload_json='{"url":"http://x"}', run_at_ms=NOW + 50),
+        NewTask(
+            tenant="acme", queue="hooks", payload_json='{"url":"http://x"}', run_at_ms=NOW + 50
+        ),
         now_ms=NOW,
     )
     assert await tick_all(engine, NOW + 49) == 0
     assert await tick_all(engine, NOW + 80) == 1
     [d] = await all_deliveries(engine)
-    assert d.stream == Keys(engine.settings.prefix).stream(shard_of(res.task_id) or 0, "acme", "hooks")
+    assert d.stream == Keys(engine.settings.prefix).stream(
+        shard_of(res.task_id) or 0, "acme", "hooks"
+    )
     assert (d.run_id, d.task_id, d.schedule_id) == (res.task_id, res.task_id, None)
     assert (d.tenant, d.queue, d.attempt) == ("acme", "hooks", 1)
     assert (d.due_ms, d.dispatched_ms) == (NOW + 50, NOW + 80)
@@ -261,8 +283,13 @@ async def _stream_lengths(engine: Engine, shard: int, *tenants: str) -> dict[str
 
 async def test_bad_input_is_refused_before_redis(engine: Engine) -> None:
     with pytest.raises(PayloadTooLarge):
-        await engine.create(NewTask(tenant="acme", run_at_ms=NOW,
-                                    payload_json='"' + "x" * engine.settings.max_payload_bytes + '"'))
+        await engine.create(
+            NewTask(
+                tenant="acme",
+                run_at_ms=NOW,
+                payload_json='"' + "x" * engine.settings.max_payload_bytes + '"',
+            )
+        )
     with pytest.raises(ValidationError) as info:
         await engine.create(NewTask(tenant="bad tenant!", run_at_ms=NOW))
     assert info.value.field == "tenant"

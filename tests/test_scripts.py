@@ -46,8 +46,13 @@ def _lua_constants(source: str, prefix: str) -> dict[str, int]:
 def test_record_layout_and_states_match_the_lua_side() -> None:
     source = (lua_dir() / "lib" / "record.lua").read_text()
     positions = _lua_constants(source, "R_")
-    renamed = {"DUE": "due_ms", "CREATED": "created_ms", "UPDATED": "updated_ms",
-               "ERROR": "last_error", "SCHEDULE": "schedule_id"}
+    renamed = {
+        "DUE": "due_ms",
+        "CREATED": "created_ms",
+        "UPDATED": "updated_ms",
+        "ERROR": "last_error",
+        "SCHEDULE": "schedule_id",
+    }
     assert len(positions) == len(FIELDS)
     for label, index in positions.items():
         assert FIELDS[index - 1] == renamed.get(label, label.lower()), label

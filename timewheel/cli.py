@@ -23,8 +23,11 @@ DEV_REDIS_PORT = 6399
 
 def _add_common(p: argparse.ArgumentParser, *, redis_url: bool = True) -> None:
     if redis_url:
-        p.add_argument("--redis-url", help="Redis URL, standalone or any Cluster node "
-                       "(env TIMEWHEEL_REDIS_URL; default redis://127.0.0.1:6379)")
+        p.add_argument(
+            "--redis-url",
+            help="Redis URL, standalone or any Cluster node "
+            "(env TIMEWHEEL_REDIS_URL; default redis://127.0.0.1:6379)",
+        )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument("--log-json", action="store_true", help="JSON log lines")
 
@@ -35,12 +38,20 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     dev = sub.add_parser("dev", help="local redis-server (AOF) + API + scheduler in one process")
-    dev.add_argument("--data-dir", default=".timewheel", type=Path,
-                     help="where redis-server keeps its AOF (default ./.timewheel)")
+    dev.add_argument(
+        "--data-dir",
+        default=".timewheel",
+        type=Path,
+        help="where redis-server keeps its AOF (default ./.timewheel)",
+    )
     dev.add_argument("--host", default="127.0.0.1")
     dev.add_argument("--port", default=8080, type=int, help="API port (default 8080)")
-    dev.add_argument("--redis-port", default=DEV_REDIS_PORT, type=int,
-                     help=f"port of the local redis-server (default {DEV_REDIS_PORT}; 0 = any free)")
+    dev.add_argument(
+        "--redis-port",
+        default=DEV_REDIS_PORT,
+        type=int,
+        help=f"port of the local redis-server (default {DEV_REDIS_PORT}; 0 = any free)",
+    )
     _add_common(dev, redis_url=False)
 
     api = sub.add_parser("api", help="run the HTTP API")
@@ -53,15 +64,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     scripts = sub.add_parser("scripts", help="Lua script tools")
     scripts_sub = scripts.add_subparsers(dest="scripts_command", required=True)
-    check = scripts_sub.add_parser("check", help="check headers, and load every script if a "
-                                   "Redis URL is given")
+    check = scripts_sub.add_parser(
+        "check", help="check headers, and load every script if a Redis URL is given"
+    )
     check.add_argument("--redis-url")
     return parser
 
 
-def _settings(args: argparse.Namespace, **overrides: object) -> Settings:
-    overrides.setdefault("redis_url", getattr(args, "redis_url", None))
-    return Settings.from_env(**overrides)
+def _settings(args: argparse.Namespace, redis_url: str | None = None) -> Settings:
+    return Settings.from_env(redis_url=redis_url or getattr(args, "redis_url", None))
 
 
 async def _run_dev(args: argparse.Namespace) -> None:
@@ -91,8 +102,13 @@ async def _run_dev(args: argparse.Namespace) -> None:
 async def _run(args: argparse.Namespace, *, api: bool, scheduler: bool) -> None:
     engine = await Engine.connect(_settings(args))
     try:
-        await serve(engine, api=api, scheduler=scheduler,
-                    host=getattr(args, "host", "127.0.0.1"), port=getattr(args, "port", 8080))
+        await serve(
+            engine,
+            api=api,
+            scheduler=scheduler,
+            host=getattr(args, "host", "127.0.0.1"),
+            port=getattr(args, "port", 8080),
+        )
     finally:
         await engine.close()
 

@@ -45,14 +45,26 @@ class Settings:
             raise ConfigError(
                 f"Setting 'shards' has value {self.shards}. Not a power of two in 1..{MAX_SHARDS}."
             )
-        for name in ("bucket_ms", "horizon_ms", "tick_batch", "promote_batch", "event_log_max",
-                     "max_payload_bytes", "default_spread", "poll_cap_ms"):
+        for name in (
+            "bucket_ms",
+            "horizon_ms",
+            "tick_batch",
+            "promote_batch",
+            "event_log_max",
+            "max_payload_bytes",
+            "default_spread",
+            "poll_cap_ms",
+        ):
             if getattr(self, name) < 1:
-                raise ConfigError(f"Setting {name!r} has value {getattr(self, name)}. Must be >= 1.")
+                raise ConfigError(
+                    f"Setting {name!r} has value {getattr(self, name)}. Must be >= 1."
+                )
         if self.tick_batch > 5000 or self.promote_batch > 5000:
             raise ConfigError("Settings 'tick_batch' and 'promote_batch' must be <= 5000.")
         if not self.prefix or any(c in self.prefix for c in "{}: "):
-            raise ConfigError(f"Setting 'prefix' has value {self.prefix!r}. No braces, colons, spaces.")
+            raise ConfigError(
+                f"Setting 'prefix' has value {self.prefix!r}. No braces, colons, spaces."
+            )
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:

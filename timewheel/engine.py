@@ -191,7 +191,9 @@ class Engine:
             args[9] = now_ms
         return self._created(task_id, await self._call(script, keys, args))
 
-    async def create_many(self, batch: Sequence[NewTask], *, concurrency: int = 64) -> list[CreateResult]:
+    async def create_many(
+        self, batch: Sequence[NewTask], *, concurrency: int = 64
+    ) -> list[CreateResult]:
         """Create many tasks: pipelined on standalone, concurrent per call on Cluster."""
         prepared = [self._prepare(new) for new in batch]
         if not self.is_cluster:
@@ -209,7 +211,7 @@ class Engine:
     ) -> list[CreateResult]:
         pipe = self.client.pipeline(transaction=False)
         for script, keys, args, _, _ in prepared:
-            pipe.evalsha(script.sha, len(keys), *keys, *args)  # type: ignore[no-untyped-call]
+            pipe.evalsha(script.sha, len(keys), *keys, *args)
         try:
             replies = await pipe.execute(raise_on_error=False)
         except (RedisError, OSError) as exc:
@@ -232,7 +234,7 @@ class Engine:
             raw = await self.client.hget(self.keys.body(shard, task_id), task_id)
         except (RedisError, OSError) as exc:
             raise RedisUnavailable(f"get failed: {exc}") from exc
-        if raw is None:
+        if not isinstance(raw, bytes):
             raise TaskNotFound(task_id)
         task = record.decode(task_id, raw)
         if task.tenant != tenant:
@@ -268,7 +270,10 @@ class Engine:
             InvalidState: the task is no longer scheduled.
             PayloadTooLarge: the new payload is over the limit.
         """
-        if payload_json is not None and len(payload_json.encode()) > self.settings.max_payload_bytes:
+        if (
+            payload_json is not None
+            and len(payload_json.encode()) > self.settings.max_payload_bytes
+        ):
             raise PayloadTooLarge(
                 f"payload is over the limit of {self.settings.max_payload_bytes} bytes",
                 field="payload",

@@ -24,4 +24,6 @@ def configure(level: str = "info", *, json: bool = False) -> None:
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=True,
     )
-    logging.basicConfig(level=numeric, stream=sys.stderr, format="%(levelname)s %(name)s %(message)s")
+    logging.basicConfig(
+        level=numeric, stream=sys.stderr, format="%(levelname)s %(name)s %(message)s"
+    )

@@ -13,8 +13,10 @@ JSONValue = Any
 
 def ms_to_rfc3339(ms: int) -> str:
     """Epoch milliseconds as an RFC 3339 UTC string with millisecond precision."""
-    return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="milliseconds").replace(
-        "+00:00", "Z"
+    return (
+        datetime.fromtimestamp(ms / 1000, tz=UTC)
+        .isoformat(timespec="milliseconds")
+        .replace("+00:00", "Z")
     )
 
 

@@ -40,5 +40,9 @@ async def redis_version(client: RedisClient) -> tuple[int, ...]:
     """The server's version as a tuple (the first node's, on Cluster)."""
     info = await client.info("server")
     if isinstance(client, RedisCluster):
-        info = next(iter(info.values())) if info and isinstance(next(iter(info.values())), dict) else info
+        info = (
+            next(iter(info.values()))
+            if info and isinstance(next(iter(info.values())), dict)
+            else info
+        )
     return tuple(int(p) for p in str(info["redis_version"]).split(".")[:3])

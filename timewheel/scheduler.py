@@ -86,10 +86,10 @@ class Scheduler:
                     self._after_promote(res)
         dispatched = 0
         if tick:
-            for res in await asyncio.gather(*(self._tick(s) for s in tick)):
-                if isinstance(res, TickResult):
-                    dispatched += res.dispatched
-                    self._after_tick(res)
+            for ticked in await asyncio.gather(*(self._tick(s) for s in tick)):
+                if isinstance(ticked, TickResult):
+                    dispatched += ticked.dispatched
+                    self._after_tick(ticked)
         for s in expire:
             self.state[s].next_expire_ms = now + EXPIRE_EVERY_MS
         if expire:
@@ -173,7 +173,10 @@ class Scheduler:
 
     def _sleep_s(self) -> float:
         earliest = min(
-            (min(st.next_tick_ms, st.next_promote_ms, st.next_expire_ms) for st in self.state.values()),
+            (
+                min(st.next_tick_ms, st.next_promote_ms, st.next_expire_ms)
+                for st in self.state.values()
+            ),
             default=float("inf"),
         )
         wait_ms = min(earliest - self._shard_now(), float(self.engine.settings.poll_cap_ms))

@@ -79,9 +79,9 @@ class Script:
         self, client: RedisClient, keys: Sequence[str], args: Sequence[ScriptArg]
     ) -> Any:
         try:
-            return await client.evalsha(self.sha, len(keys), *keys, *args)  # type: ignore[no-untyped-call]
+            return await client.evalsha(self.sha, len(keys), *keys, *args)
         except NoScriptError:
-            return await client.eval(self.source, len(keys), *keys, *args)  # type: ignore[no-untyped-call]
+            return await client.eval(self.source, len(keys), *keys, *args)
 
 
 class Scripts:

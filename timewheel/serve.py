@@ -59,7 +59,7 @@ async def serve(
     if scheduler:
         tasks.append(asyncio.create_task(Scheduler(engine).run(stop)))
     stopper = asyncio.create_task(stop.wait())
-    done, _ = await asyncio.wait({stopper, *tasks}, return_when=asyncio.FIRST_COMPLETED)
+    await asyncio.wait({stopper, *tasks}, return_when=asyncio.FIRST_COMPLETED)
     stop.set()
     if server is not None:
         server.should_exit = True

@@ -90,15 +90,16 @@ class Worker:
                 raw = await self._read_one({s: ">" for s in self.streams}, count, block_ms)
         except (RedisError, OSError) as exc:
             raise RedisUnavailable(f"read failed: {exc}") from exc
-        out = []
+        out: list[Delivery] = []
         for stream_name, entries in raw:
             stream = stream_name.decode() if isinstance(stream_name, bytes) else stream_name
             out.extend(parse_entry(stream, eid, fields) for eid, fields in entries)
         return out
 
     async def _read_one(self, streams: dict[str, str], count: int, block_ms: int) -> list[Any]:
+        wanted: dict[Any, Any] = dict(streams)
         reply = await self.engine.client.xreadgroup(
-            self.group, self.consumer, streams, count=count, block=block_ms  # type: ignore[arg-type]
+            self.group, self.consumer, wanted, count=count, block=block_ms
         )
         if isinstance(reply, dict):  # RESP3 shape
             return list(reply.items())

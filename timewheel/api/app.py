@@ -28,7 +28,7 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
         finally:
             await owned.close()
 
-    app = Starlette(routes=ROUTES, exception_handlers=HANDLERS, lifespan=lifespan)  # type: ignore[arg-type]
+    app = Starlette(routes=ROUTES, exception_handlers=HANDLERS, lifespan=lifespan)
     if engine is not None:
         app.state.engine = engine
     return app

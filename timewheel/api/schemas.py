@@ -16,8 +16,15 @@ MIN_RUN_AT_MS = 946_684_800_000  # 2000-01-01
 MAX_RUN_AT_MS = 4_102_444_800_000  # 2100-01-01
 JITTERS = ("full", "proportional", "none")
 CREATE_FIELDS = {
-    "queue", "run_at", "delay", "payload", "idempotency_key", "retry",
-    "visibility_timeout_s", "expires_at", "window_s",
+    "queue",
+    "run_at",
+    "delay",
+    "payload",
+    "idempotency_key",
+    "retry",
+    "visibility_timeout_s",
+    "expires_at",
+    "window_s",
 }
 RETRY_FIELDS = {"max_attempts", "initial_s", "factor", "max_s", "jitter"}
 PATCH_FIELDS = {"run_at", "delay", "payload"}
@@ -95,17 +102,22 @@ def _retry(value: object) -> dict[str, JSONValue]:
     if "max_attempts" in value:
         attempts = value["max_attempts"]
         if isinstance(attempts, bool) or not isinstance(attempts, int) or not 1 <= attempts <= 1000:
-            raise ValidationError("retry.max_attempts must be an integer 1..1000",
-                                  field="retry.max_attempts")
+            raise ValidationError(
+                "retry.max_attempts must be an integer 1..1000", field="retry.max_attempts"
+            )
         out["max_attempts"] = attempts
-    for name, low, high in (("initial_s", 0.001, 86400.0), ("factor", 1.0, 100.0),
-                            ("max_s", 0.001, 30 * 86400.0)):
+    for name, low, high in (
+        ("initial_s", 0.001, 86400.0),
+        ("factor", 1.0, 100.0),
+        ("max_s", 0.001, 30 * 86400.0),
+    ):
         if name in value:
             out[name] = _number(value[name], f"retry.{name}", low=low, high=high)
     if "jitter" in value:
         if value["jitter"] not in JITTERS:
-            raise ValidationError(f"retry.jitter must be one of {', '.join(JITTERS)}",
-                                  field="retry.jitter")
+            raise ValidationError(
+                f"retry.jitter must be one of {', '.join(JITTERS)}", field="retry.jitter"
+            )
         out["jitter"] = value["jitter"]
     return out
 
@@ -125,15 +137,17 @@ def _options(body: dict[str, Any]) -> dict[str, JSONValue]:
     return opts
 
 
-def parse_create(body: dict[str, Any], tenant: str, *, default_queue: str,
-                 idempotency_header: str | None) -> NewTask:
+def parse_create(
+    body: dict[str, Any], tenant: str, *, default_queue: str, idempotency_header: str | None
+) -> NewTask:
     """A create request body (DESIGN.md section 11) as a NewTask."""
     _unknown(body, CREATE_FIELDS)
     run_at_ms, delay_ms = _when(body, required=True)
     key = body.get("idempotency_key", idempotency_header)
     if key is not None and (not isinstance(key, str) or not 1 <= len(key) <= 255):
-        raise ValidationError("idempotency_key must be a string of 1-255 characters",
-                              field="idempotency_key")
+        raise ValidationError(
+            "idempotency_key must be a string of 1-255 characters", field="idempotency_key"
+        )
     return NewTask(
         tenant=tenant,
         queue=validate_name(body.get("queue", default_queue), "queue"),
