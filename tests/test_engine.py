@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from redis.asyncio.cluster import RedisCluster
 
 from tests.helpers import all_deliveries
 from timewheel.engine import Engine, NewTask
@@ -298,3 +299,18 @@ async def test_bad_input_is_refused_before_redis(engine: Engine) -> None:
     assert info.value.field == "queue"
     with pytest.raises(ValidationError):
         await engine.create(NewTask(tenant="acme"))  # neither run_at nor delay
+
+
+async def test_scripts_reload_after_the_server_forgets_them(engine: Engine) -> None:
+    """A restart or failover empties the script cache: calls and pipelines reload on NOSCRIPT."""
+    client = engine.client
+    if isinstance(client, RedisCluster):
+        for node in client.get_primaries():
+            await client.execute_command("SCRIPT", "FLUSH", target_nodes=node)
+    else:
+        await client.script_flush()
+    await prime(engine)
+    many = await engine.create_many([NewTask(tenant="acme", run_at_ms=NOW) for _ in range(3)])
+    one = await engine.create(NewTask(tenant="acme", run_at_ms=NOW), now_ms=NOW)
+    assert all(r.created for r in [*many, one])
+    assert await tick_all(engine, NOW) == 4
