@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from typing import TypeAlias
+from urllib.parse import unquote, urlsplit
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
@@ -30,7 +31,16 @@ async def connect(url: str, *, max_connections: int = 64) -> RedisClient:
     finally:
         await probe.aclose()
     if info.get("cluster_enabled"):
-        cluster = RedisCluster.from_url(url, max_connections=max_connections)
+        # Built from parts: RedisCluster.from_url leaves node connections open on close.
+        parts = urlsplit(url)
+        cluster = RedisCluster(
+            host=parts.hostname or "127.0.0.1",
+            port=parts.port or 6379,
+            username=unquote(parts.username) if parts.username else None,
+            password=unquote(parts.password) if parts.password else None,
+            ssl=parts.scheme == "rediss",
+            max_connections=max_connections,
+        )
         await cluster.initialize()
         return cluster
     return aioredis.Redis.from_url(url, max_connections=max_connections)

@@ -1,0 +1,167 @@
+"""Tests of timewheel.redis_server: local redis-server processes for dev and tests."""
+
+from __future__ import annotations
+
+import shlex
+import socket
+from pathlib import Path
+
+import pytest
+import redis
+from redis.cluster import RedisCluster
+
+from timewheel import redis_server
+from timewheel.errors import ConfigError
+from timewheel.redis_server import (
+    CLUSTER_SLOTS,
+    RECOMMENDED_CONFIG,
+    RedisClusterServers,
+    RedisServer,
+    find_free_port,
+)
+
+DEPLOY_REDIS_CONF = Path(__file__).resolve().parent.parent / "deploy" / "redis.conf"
+
+
+def _client(server: RedisServer) -> redis.Redis:
+    return redis.Redis(host=server.host, port=server.port, decode_responses=True)
+
+
+def test_standalone_runs_with_aof_always(redis_standalone: RedisServer) -> None:
+    assert redis_standalone.is_running()
+    assert redis_standalone.url == f"redis://127.0.0.1:{redis_standalone.port}"
+    client = _client(redis_standalone)
+    try:
+        assert client.config_get("appendonly") == {"appendonly": "yes"}
+        assert client.config_get("appendfsync") == {"appendfsync": "always"}
+        assert client.config_get("maxmemory-policy") == {"maxmemory-policy": "noeviction"}
+        assert client.config_get("save") == {"save": ""}
+    finally:
+        client.close()
+
+
+def test_acknowledged_writes_survive_kill_and_restart(tmp_path: Path) -> None:
+    server = RedisServer(tmp_path / "redis")
+    try:
+        server.start()
+        port = server.port
+        client = _client(server)
+        try:
+            client.hset("{tw:0}:task:1", mapping={"state": "scheduled", "run_at_ms": "1000"})
+            client.zadd("{tw:0}:near", {"1": 1000})
+        finally:
+            client.close()
+
+        server.kill()
+        assert not server.is_running()
+        server.start()
+
+        assert server.port == port
+        client = _client(server)
+        try:
+            assert client.hgetall("{tw:0}:task:1") == {"state": "scheduled", "run_at_ms": "1000"}
+            assert client.zscore("{tw:0}:near", "1") == 1000
+        finally:
+            client.close()
+    finally:
+        server.stop()
+    assert (tmp_path / "redis" / "appendonlydir").is_dir()
+
+
+def test_stop_is_idempotent(tmp_path: Path) -> None:
+    server = RedisServer(tmp_path / "redis")
+    server.stop()  # never started
+    with server:
+        assert server.is_running()
+    assert not server.is_running()
+    server.stop()
+    server.kill()
+    assert not server.is_running()
+
+
+def test_start_failure_raises_config_error_with_log_tail(tmp_path: Path) -> None:
+    server = RedisServer(tmp_path / "redis", extra_config={"no-such-directive": "1"})
+    with pytest.raises(ConfigError, match="no-such-directive"):
+        server.start()
+    assert not server.is_running()
+
+
+def test_missing_binary_raises_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("shutil.which", lambda name: None)
+    monkeypatch.setattr("os.access", lambda path, mode: False)
+    with pytest.raises(ConfigError, match="redis-server not found on PATH"):
+        redis_server.redis_server_binary()
+    with pytest.raises(ConfigError, match="redis-cli not found on PATH"):
+        redis_server.redis_cli_binary()
+
+
+@pytest.mark.cluster
+def test_cluster_serves_all_slots_from_three_primaries(
+    redis_cluster: RedisClusterServers,
+) -> None:
+    assert len(redis_cluster.servers) == 3
+    assert redis_cluster.url == redis_cluster.servers[0].url
+    for server in redis_cluster.servers:
+        client = _client(server)
+        try:
+            assert client.cluster("INFO")["cluster_state"] == "ok"
+            nodes = client.cluster("NODES")
+            primaries = [n for n in nodes.values() if "master" in n["flags"]]
+            assert len(primaries) == 3
+            covered: set[int] = set()
+            for start, end, *_ in client.cluster("SLOTS"):
+                covered.update(range(start, end + 1))
+            assert len(covered) == CLUSTER_SLOTS
+        finally:
+            client.close()
+
+
+@pytest.mark.cluster
+def test_cluster_client_writes_and_reads(redis_cluster: RedisClusterServers) -> None:
+    # Not RedisCluster.from_url: in redis-py 8.1 its close() leaves the per-node pools
+    # it built open (their Redis clients do not own the pool), an intermittent
+    # ResourceWarning that filterwarnings=error turns into a failure.
+    first = redis_cluster.servers[0]
+    client = RedisCluster(host=first.host, port=first.port, decode_responses=True)
+    try:
+        keys = [f"{{tw:{shard}}}:probe" for shard in range(16)]
+        for key in keys:
+            client.set(key, key)
+        assert [client.get(key) for key in keys] == keys
+        for server in redis_cluster.servers:  # 16 hash tags reach every primary
+            node = _client(server)
+            try:
+                assert node.dbsize() > 0
+            finally:
+                node.close()
+        for key in keys:
+            client.delete(key)
+    finally:
+        client.close()
+
+
+def _parse_redis_conf(path: Path) -> dict[str, str]:
+    settings: dict[str, str] = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        name, *args = shlex.split(line)
+        settings[name.lower()] = " ".join(args)
+    return settings
+
+
+def test_deploy_redis_conf_holds_recommended_config() -> None:
+    settings = _parse_redis_conf(DEPLOY_REDIS_CONF)
+    for name, value in RECOMMENDED_CONFIG.items():
+        assert settings.get(name) == value, name
+    assert settings["appendonly"] == "yes"
+    assert settings["dir"] == "/data"
+
+
+def test_find_free_port_leaves_cluster_bus_port_free() -> None:
+    for _ in range(20):
+        port = find_free_port(cluster_bus=True)
+        assert 0 < port <= 65535 - 10000
+        for candidate in (port, port + 10000):
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                sock.bind(("127.0.0.1", candidate))
