@@ -8,8 +8,11 @@
   ARGV[5] event log cap
   Derived keys (same tag): near:<tenant>, t:<xy>, q:<tenant>:<queue>, lease, wheel.
   Returns: {dispatched, next_due_ms, now_ms, clock_back_ms, next_bucket_ms, promoted_until,
-           consumed}   next_due_ms / next_bucket_ms are -1 when nothing waits; consumed
-           (near entries taken, stale ones included) = limit means more may be due now.
+           consumed, {tenant, count, ...}, {lag_ms, ...}, backlog}
+           next_due_ms / next_bucket_ms are -1 when nothing waits; consumed (near entries
+           taken, stale ones included) = limit means more may be due now; the lists give
+           runs dispatched per tenant and each run's lag (now - due_ms) for metrics;
+           backlog counts runs still due after this call (0 unless consumed = limit).
   Errors:  {-3} LEASE_LOST: ARGV[3] no longer holds the shard at epoch ARGV[4].
   Fairness: deficit round robin with unit cost. Each round gives every tenant with due
   runs an equal share of what is left of the limit, so one tenant's backlog due in the
@@ -49,6 +52,7 @@ end
 
 -- Dispatch one run; returns 'id:attempt' for the event log, or nil if the near entry
 -- was stale (its body gone or no longer scheduled).
+local lags = {}
 local function dispatch(tenant, run_id)
   local bkey = body_key(tag, run_id)
   local r = record_load(bkey, run_id)
@@ -67,12 +71,14 @@ local function dispatch(tenant, run_id)
       'tenant', tenant, 'queue', r[R_QUEUE],
       'attempt', attempt, 'due_ms', r[R_DUE], 'dispatched_ms', now, 'payload', r[R_PAYLOAD])
   end
+  lags[#lags + 1] = now - r[R_DUE]
   r[R_STATE], r[R_ATTEMPT], r[R_UPDATED] = ST_DISPATCHED, attempt, now
   record_save(bkey, run_id, r)
   return run_id .. ':' .. attempt
 end
 
 -- Serve up to n due runs of one tenant; returns near entries consumed, runs dispatched.
+local per_tenant = {}
 local function serve(tenant, n)
   local near = tag .. 'near:' .. tenant
   local ids = rcall('ZRANGE', near, '-inf', now, 'BYSCORE', 'LIMIT', 0, n)
@@ -90,7 +96,8 @@ local function serve(tenant, n)
   rcall('ZREMRANGEBYRANK', near, 0, #ids - 1)
   if #runs > 0 then
     event_emit(events_key, event_cap, 'e', 'dispatched', 'tenant', tenant, 'at', now,
-      'runs', table.concat(runs, ','))
+      'node', node, 'epoch', epoch, 'runs', table.concat(runs, ','))
+    per_tenant[tenant] = (per_tenant[tenant] or 0) + #runs
   end
   return #ids, #runs
 end
@@ -131,6 +138,17 @@ if #tenants > 0 then
   rcall('HSET', meta_key, 'hwm', now)
 end
 
+local counts = {}
+for tenant, n in pairs(per_tenant) do
+  counts[#counts + 1] = tenant
+  counts[#counts + 1] = n
+end
+local backlog = 0
+if consumed >= limit then
+  for i = 1, #tenants do
+    backlog = backlog + rcall('ZCOUNT', tag .. 'near:' .. tenants[i], '-inf', now)
+  end
+end
 local promoted_until = tonumber(rcall('HGET', meta_key, 'promoted_until')) or 0
 return { dispatched, first_score(due_key), now, clock_back, first_score(tag .. 'wheel'),
-  promoted_until, consumed }
+  promoted_until, consumed, counts, lags, backlog }

@@ -59,7 +59,16 @@ def build_parser() -> argparse.ArgumentParser:
     api.add_argument("--port", default=8080, type=int)
     _add_common(api)
 
-    sched = sub.add_parser("scheduler", help="run a scheduler node")
+    sched = sub.add_parser("scheduler", help="run a scheduler node (any number of them)")
+    sched.add_argument("--node-id", help="this node's id (default: host-pid-random)")
+    sched.add_argument(
+        "--lease-ttl-ms",
+        type=int,
+        default=2000,
+        help="shard lease TTL; renewed every ttl/4 (default 2000)",
+    )
+    sched.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+    sched.add_argument("--host", default="127.0.0.1", help="address of the metrics server")
     _add_common(sched)
 
     scripts = sub.add_parser("scripts", help="Lua script tools")
@@ -100,6 +109,8 @@ async def _run_dev(args: argparse.Namespace) -> None:
 
 
 async def _run(args: argparse.Namespace, *, api: bool, scheduler: bool) -> None:
+    if getattr(args, "lease_ttl_ms", 2000) < 100:
+        raise ConfigError("--lease-ttl-ms must be at least 100")
     engine = await Engine.connect(_settings(args))
     try:
         await serve(
@@ -108,6 +119,9 @@ async def _run(args: argparse.Namespace, *, api: bool, scheduler: bool) -> None:
             scheduler=scheduler,
             host=getattr(args, "host", "127.0.0.1"),
             port=getattr(args, "port", 8080),
+            node=getattr(args, "node_id", None),
+            lease_ttl_ms=getattr(args, "lease_ttl_ms", 2000),
+            metrics_port=getattr(args, "metrics_port", None),
         )
     finally:
         await engine.close()

@@ -8,7 +8,6 @@ runs into ready streams (lua/tick.lua); `ack` marks them succeeded (lua/ack.lua)
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -125,7 +124,8 @@ class Engine:
             raise TaskNotFound(task_id)
         return shard
 
-    async def _call(self, script: Script, keys: Sequence[str], args: Sequence[ScriptArg]) -> Any:
+    async def call(self, script: Script, keys: Sequence[str], args: Sequence[ScriptArg]) -> Any:
+        """Run one script, mapping connection failures to RedisUnavailable."""
         try:
             return await script(self.client, keys, args)
         except (RedisError, OSError) as exc:
@@ -189,41 +189,49 @@ class Engine:
         script, keys, args, task_id, _ = self._prepare(new)
         if now_ms is not None:
             args[9] = now_ms
-        return self._created(task_id, await self._call(script, keys, args))
+        return self._created(task_id, await self.call(script, keys, args))
 
-    async def create_many(
-        self, batch: Sequence[NewTask], *, concurrency: int = 64
-    ) -> list[CreateResult]:
-        """Create many tasks: pipelined on standalone, concurrent per call on Cluster."""
-        prepared = [self._prepare(new) for new in batch]
-        if not self.is_cluster:
-            return await self._create_pipelined(prepared)
-        gate = asyncio.Semaphore(concurrency)
-
-        async def one(p: tuple[Script, list[str], list[ScriptArg], str, int]) -> CreateResult:
-            async with gate:
-                return self._created(p[3], await self._call(p[0], p[1], p[2]))
-
-        return list(await asyncio.gather(*(one(p) for p in prepared)))
+    async def create_many(self, batch: Sequence[NewTask]) -> list[CreateResult]:
+        """Create many tasks in one pipeline (on Cluster, one per node, sent concurrently)."""
+        return await self._create_pipelined([self._prepare(new) for new in batch])
 
     async def _create_pipelined(
         self, prepared: list[tuple[Script, list[str], list[ScriptArg], str, int]]
     ) -> list[CreateResult]:
-        pipe = self.client.pipeline(transaction=False)
-        for script, keys, args, _, _ in prepared:
-            pipe.evalsha(script.sha, len(keys), *keys, *args)
-        try:
-            replies = await pipe.execute(raise_on_error=False)
-        except (RedisError, OSError) as exc:
-            raise RedisUnavailable(f"create pipeline failed: {exc}") from exc
-        out = []
-        for (script, keys, args, task_id, _), reply in zip(prepared, replies, strict=True):
-            if isinstance(reply, NoScriptError):
-                reply = await self._call(script, keys, args)
-            elif isinstance(reply, Exception):
-                raise RedisUnavailable(f"create failed: {reply}") from reply
-            out.append(self._created(task_id, reply))
-        return out
+        replies = await self._pipeline([(p[0], p[1], p[2]) for p in prepared])
+        return [self._created(p[3], reply) for p, reply in zip(prepared, replies, strict=True)]
+
+    async def _pipeline(self, calls: list[tuple[Script, list[str], list[ScriptArg]]]) -> list[Any]:
+        """Run script calls in one pipeline; a NOSCRIPT (after a restart) loads and resends.
+
+        Pipelines are not transactions: a call that failed with NOSCRIPT did not run, so
+        resending it alone is safe; every other call ran exactly once.
+        """
+        replies: list[Any] = [None] * len(calls)
+        todo = list(range(len(calls)))
+        for attempt in range(2):
+            pipe = self.client.pipeline(transaction=False)
+            for i in todo:
+                script, keys, args = calls[i]
+                pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+            try:
+                results = await pipe.execute(raise_on_error=False)
+            except (RedisError, OSError) as exc:
+                raise RedisUnavailable(f"pipeline failed: {exc}") from exc
+            missing: list[int] = []
+            for i, result in zip(todo, results, strict=True):
+                if isinstance(result, NoScriptError) and attempt == 0:
+                    missing.append(i)
+                elif isinstance(result, Exception):
+                    raise RedisUnavailable(f"{calls[i][0].name} failed: {result}") from result
+                else:
+                    replies[i] = result
+            if not missing:
+                break
+            for script in {calls[i][0].sha: calls[i][0] for i in missing}.values():
+                await script.load_everywhere(self.client)
+            todo = missing
+        return replies
 
     # -- read, cancel, update -------------------------------------------------------
 
@@ -245,7 +253,7 @@ class Engine:
         """Cancel a scheduled task. Raises TaskNotFound, or InvalidState once dispatched."""
         shard = self._locate(task_id)
         k = self.keys
-        reply = await self._call(
+        reply = await self.call(
             self.scripts.cancel,
             [k.meta(shard), k.body(shard, task_id), k.events(shard)],
             [task_id, tenant, self.settings.bucket_ms, _arg(now_ms), self.settings.event_log_max],
@@ -280,7 +288,7 @@ class Engine:
             )
         shard = self._locate(task_id)
         k, s = self.keys, self.settings
-        reply = await self._call(
+        reply = await self.call(
             self.scripts.update,
             [k.meta(shard), k.body(shard, task_id), k.events(shard)],
             [
@@ -312,7 +320,7 @@ class Engine:
     ) -> TickResult:
         """Dispatch up to `limit` due runs of one shard. Raises LeaseLost when fenced out."""
         k, s = self.keys, self.settings
-        reply = await self._call(
+        reply = await self.call(
             self.scripts.tick,
             [k.meta(shard), k.due(shard), k.events(shard)],
             [limit or s.tick_batch, _arg(now_ms), node, epoch, s.event_log_max],
@@ -327,6 +335,11 @@ class Engine:
             next_bucket_ms=_opt_int(reply[4]),
             promoted_until_ms=int(reply[5]),
             consumed=int(reply[6]),
+            per_tenant={
+                reply[7][i].decode(): int(reply[7][i + 1]) for i in range(0, len(reply[7]), 2)
+            },
+            lags_ms=[int(v) for v in reply[8]],
+            backlog=int(reply[9]),
         )
 
     async def promote(
@@ -340,7 +353,7 @@ class Engine:
     ) -> PromoteResult:
         """Move far buckets that start within the horizon into the near level."""
         k, s = self.keys, self.settings
-        reply = await self._call(
+        reply = await self.call(
             self.scripts.promote,
             [k.meta(shard), k.due(shard), k.wheel(shard)],
             [s.horizon_ms, s.bucket_ms, limit or s.promote_batch, _arg(now_ms), node, epoch],
@@ -359,7 +372,7 @@ class Engine:
     ) -> tuple[int, bool]:
         """Delete finished records past retention; returns (deleted, more)."""
         k, s = self.keys, self.settings
-        reply = await self._call(
+        reply = await self.call(
             self.scripts.expire_finished,
             [k.meta(shard), k.expiry(shard)],
             [s.retention_ms, s.bucket_ms, limit, _arg(now_ms)],
@@ -371,7 +384,7 @@ class Engine:
     async def ack(self, delivery: Delivery, group: str, *, now_ms: int | None = None) -> bool:
         """Acknowledge a delivery: XACK + XDEL, state -> succeeded. False if it was stale."""
         shard = self.keys.shard_of_key(delivery.stream)
-        reply = await self._call(
+        reply = await self.call(
             self.scripts.ack,
             [delivery.stream, self.keys.events(shard)],
             [

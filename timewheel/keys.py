@@ -60,6 +60,10 @@ class Keys:
         """STRING '<node>/<epoch>' with a TTL: who may run scheduler scripts on the shard."""
         return self.tag(shard) + "lease"
 
+    def nodes(self) -> str:
+        """ZSET node id -> last heartbeat ms: the live scheduler nodes."""
+        return f"{self.prefix}:nodes"
+
     def layout(self) -> str:
         """HASH shards, bucket_ms: fixed when a deployment is created, checked at start."""
         return f"{self.prefix}:layout"

@@ -95,6 +95,12 @@ class TickResult:
     """How far TIME stood behind the high-water mark (0 normally)."""
     next_bucket_ms: int | None
     promoted_until_ms: int
+    per_tenant: dict[str, int] = field(default_factory=dict)
+    """Runs dispatched per tenant."""
+    lags_ms: list[int] = field(default_factory=list)
+    """Each dispatched run's lag: the tick's clock minus its due time."""
+    backlog: int = 0
+    """Runs still due after the call (counted only when the call hit its limit)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,11 +1,11 @@
-"""The scheduler loop: tick every shard when it has due runs, promote ahead of time, sleep.
+"""The scheduler loop: tick its shards when they have due runs, promote ahead of time, sleep.
 
-This is the single-node loop: it ticks all shards unfenced. The tick script is atomic,
-so even two loops on one shard could not dispatch a run twice; shard leases (a later
-slice, DESIGN.md section 5) split the polling work between nodes and fence the
-planner and reaper.
+A node with a `node` id claims shards by lease (timewheel/leases.py): a heartbeat and
+lease round every ttl/4 runs beside the tick loop; every script call carries (node,
+epoch), and LEASE_LOST drops the shard at once. Without a node id the loop ticks every
+shard unfenced (single process, tests, benchmarks).
 
-Sleep: until the earliest next due time of any shard (in the shards' own clock, read
+Sleep: until the earliest next due time of its shards (in the shards' own clock, read
 from each tick's reply), capped at `poll_cap_ms`, or until a create publishes on the
 wake channel that a shard's next due time moved earlier.
 """
@@ -15,14 +15,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 import structlog
 from redis.exceptions import RedisError
 
 from timewheel.engine import Engine
-from timewheel.errors import TimewheelError
+from timewheel.errors import LeaseLost, TimewheelError
+from timewheel.leases import Leases, share_of
+from timewheel.metrics import SchedulerMetrics
 from timewheel.models import PromoteResult, TickResult
 
 log = structlog.get_logger("timewheel.scheduler")
@@ -37,8 +39,9 @@ def _local_ms() -> float:
 
 @dataclass(slots=True)
 class ShardState:
-    """What the loop knows of one shard, in that shard's clock (Redis TIME, ms)."""
+    """What the loop knows of one owned shard, in that shard's clock (Redis TIME, ms)."""
 
+    epoch: str = ""
     next_tick_ms: float = 0.0
     next_promote_ms: float = 0.0
     next_expire_ms: float = 0.0
@@ -53,21 +56,29 @@ class Counters:
     errors: int = 0
 
 
-@dataclass
 class Scheduler:
-    """Ticks, promotes and expires the given shards of one deployment."""
+    """Ticks, promotes and expires the shards this node holds."""
 
-    engine: Engine
-    shards: list[int] | None = None
-    node: str = ""
-    epoch: str = ""
-    counters: Counters = field(default_factory=Counters)
-
-    def __post_init__(self) -> None:
-        shard_list = self.shards if self.shards is not None else range(self.engine.settings.shards)
-        self.state = {s: ShardState() for s in shard_list}
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        node: str | None = None,
+        lease_ttl_ms: int = 2000,
+        metrics: SchedulerMetrics | None = None,
+    ) -> None:
+        self.engine = engine
+        self.node = node or ""
+        self.leases = Leases(engine, node, lease_ttl_ms) if node else None
+        self.lease_ttl_ms = lease_ttl_ms
+        self.metrics = metrics or SchedulerMetrics()
+        self.counters = Counters()
+        self.state: dict[int, ShardState] = (
+            {} if self.leases else {s: ShardState() for s in range(engine.settings.shards)}
+        )
         self.offset_ms = 0.0  # shard clock minus local clock, learned from tick replies
         self.woken = asyncio.Event()
+        self._busy: set[int] = set()
 
     # -- one pass ---------------------------------------------------------------------
 
@@ -75,46 +86,55 @@ class Scheduler:
         return _local_ms() + self.offset_ms
 
     async def run_once(self) -> int:
-        """Promote, tick and expire every shard that is due now; returns runs dispatched."""
+        """Promote, tick and expire every owned shard that is due now; returns runs dispatched."""
         now = self._shard_now()
-        promote = [s for s, st in self.state.items() if st.next_promote_ms <= now]
-        tick = [s for s, st in self.state.items() if st.next_tick_ms <= now]
-        expire = [s for s, st in self.state.items() if st.next_expire_ms <= now]
-        if promote:
-            for res in await asyncio.gather(*(self._promote(s) for s in promote)):
-                if isinstance(res, PromoteResult):
-                    self._after_promote(res)
-        dispatched = 0
-        if tick:
-            for ticked in await asyncio.gather(*(self._tick(s) for s in tick)):
-                if isinstance(ticked, TickResult):
-                    dispatched += ticked.dispatched
-                    self._after_tick(ticked)
-        for s in expire:
-            self.state[s].next_expire_ms = now + EXPIRE_EVERY_MS
-        if expire:
-            await asyncio.gather(*(self._expire(s) for s in expire))
+        owned = list(self.state.items())
+        promote = [s for s, st in owned if st.next_promote_ms <= now]
+        tick = [s for s, st in owned if st.next_tick_ms <= now]
+        expire = [s for s, st in owned if st.next_expire_ms <= now]
+        self._busy.update(promote, tick, expire)
+        try:
+            if promote:
+                for res in await asyncio.gather(*(self._promote(s) for s in promote)):
+                    if isinstance(res, PromoteResult):
+                        self._after_promote(res)
+            dispatched = 0
+            if tick:
+                for ticked in await asyncio.gather(*(self._tick(s) for s in tick)):
+                    if isinstance(ticked, TickResult):
+                        dispatched += ticked.dispatched
+                        self._after_tick(ticked)
+            if expire:
+                await asyncio.gather(*(self._expire(s, now) for s in expire))
+        finally:
+            self._busy.clear()
         return dispatched
 
     async def _tick(self, shard: int) -> TickResult | None:
+        st = self.state.get(shard)
+        if st is None:
+            return None
         sent = _local_ms()
         try:
-            res = await self.engine.tick(shard, node=self.node, epoch=self.epoch)
+            res = await self.engine.tick(shard, node=self.node, epoch=st.epoch)
         except TimewheelError as exc:
             self._failed("tick", shard, exc)
             return None
+        received = _local_ms()
         # The reply's now_ms was read between send and receive: take the midpoint.
-        self.offset_ms = res.now_ms - (sent + _local_ms()) / 2
+        self.offset_ms = res.now_ms - (sent + received) / 2
         self.counters.ticks += 1
         self.counters.dispatched += res.dispatched
+        self.metrics.observe_tick(res, (received - sent) / 1000.0)
         if res.clock_back_ms >= CLOCK_JUMP_LOG_MS:
             log.warning("clock_behind_high_water_mark", shard=shard, back_ms=res.clock_back_ms)
         return res
 
     def _after_tick(self, res: TickResult) -> None:
-        st = self.state[res.shard]
-        limit = self.engine.settings.tick_batch
-        if res.consumed >= limit:
+        st = self.state.get(res.shard)
+        if st is None:
+            return
+        if res.consumed >= self.engine.settings.tick_batch:
             st.next_tick_ms = 0.0  # a backlog is due now: come straight back
         elif res.next_due_ms is not None:
             st.next_tick_ms = float(res.next_due_ms)
@@ -132,8 +152,11 @@ class Scheduler:
         st.next_promote_ms = float(when)
 
     async def _promote(self, shard: int) -> PromoteResult | None:
+        st = self.state.get(shard)
+        if st is None:
+            return None
         try:
-            res = await self.engine.promote(shard, node=self.node, epoch=self.epoch)
+            res = await self.engine.promote(shard, node=self.node, epoch=st.epoch)
         except TimewheelError as exc:
             self._failed("promote", shard, exc)
             return None
@@ -141,7 +164,9 @@ class Scheduler:
         return res
 
     def _after_promote(self, res: PromoteResult) -> None:
-        st = self.state[res.shard]
+        st = self.state.get(res.shard)
+        if st is None:
+            return
         if res.more:
             st.next_promote_ms = 0.0
         else:
@@ -149,7 +174,11 @@ class Scheduler:
         if res.moved:
             st.next_tick_ms = 0.0  # promoted runs may be due already (after downtime)
 
-    async def _expire(self, shard: int) -> None:
+    async def _expire(self, shard: int, now: float) -> None:
+        st = self.state.get(shard)
+        if st is None:
+            return
+        st.next_expire_ms = now + EXPIRE_EVERY_MS
         try:
             deleted, more = await self.engine.expire_finished(shard)
         except TimewheelError as exc:
@@ -157,17 +186,88 @@ class Scheduler:
             return
         self.counters.expired += deleted
         if more:
-            self.state[shard].next_expire_ms = 0.0
+            st.next_expire_ms = 0.0
 
     def _failed(self, op: str, shard: int, exc: TimewheelError) -> None:
+        if isinstance(exc, LeaseLost):
+            self._drop(shard, "lease_lost", op=op)
+            return
         self.counters.errors += 1
         log.warning("scheduler_call_failed", op=op, shard=shard, error=str(exc))
-        st = self.state[shard]
+        st = self.state.get(shard)
+        if st is None:
+            return
         retry_at = self._shard_now() + 200
         if op == "tick":
             st.next_tick_ms = retry_at
         elif op == "promote":
             st.next_promote_ms = retry_at
+
+    # -- leases -----------------------------------------------------------------------
+
+    def _drop(self, shard: int, reason: str, **fields: object) -> None:
+        st = self.state.pop(shard, None)
+        if st is None:
+            return
+        self.metrics.lease_lost.labels(reason).inc()
+        self.metrics.owned.set(len(self.state))
+        log.info(
+            "lease_dropped", shard=shard, epoch=st.epoch, reason=reason, node=self.node, **fields
+        )
+
+    async def lease_round(self) -> None:
+        """Heartbeat, then give up, renew and take leases to match this node's share."""
+        assert self.leases is not None
+        live = await self.leases.heartbeat()
+        wanted = share_of(self.node, live, self.engine.settings.shards)
+        owned = dict(self.state)
+        renewals = [(s, st) for s, st in owned.items() if s in wanted]
+        results = await asyncio.gather(*(self.leases.renew(s, int(st.epoch)) for s, st in renewals))
+        for (shard, _), held in zip(renewals, results, strict=True):
+            if not held:
+                self._drop(shard, "lease_lost", op="renew")
+        for shard in [s for s in owned if s not in wanted]:
+            await self._release(shard, "rebalance")
+        missing = sorted(wanted - set(self.state))
+        epochs = await asyncio.gather(*(self.leases.acquire(s) for s in missing))
+        for shard, epoch in zip(missing, epochs, strict=True):
+            if epoch is None:
+                continue  # its previous owner still holds it; it expires or is released
+            self.state[shard] = ShardState(epoch=str(epoch))
+            self.metrics.lease_acquired.inc()
+            log.info("lease_acquired", shard=shard, epoch=epoch, node=self.node)
+        self.metrics.owned.set(len(self.state))
+        if missing:
+            self.woken.set()
+
+    async def _release(self, shard: int, reason: str) -> None:
+        assert self.leases is not None
+        st = self.state.get(shard)
+        if st is None:
+            return
+        self._drop(shard, reason)
+        while shard in self._busy:  # let the call in flight on this shard finish
+            await asyncio.sleep(0.001)
+        with contextlib.suppress(TimewheelError):
+            await self.leases.release(shard, int(st.epoch))
+
+    async def _lease_loop(self, stop: asyncio.Event) -> None:
+        interval_s = self.lease_ttl_ms / 4000.0
+        while not stop.is_set():
+            try:
+                await self.lease_round()
+            except TimewheelError as exc:
+                # Renewals failing for a whole ttl make every script refuse: no harm done.
+                log.warning("lease_round_failed", error=str(exc), node=self.node)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=interval_s)
+
+    async def _leave(self) -> None:
+        assert self.leases is not None
+        for shard in list(self.state):
+            await self._release(shard, "shutdown")
+        with contextlib.suppress(TimewheelError):
+            await self.leases.heartbeat(leaving=True)
 
     # -- the loop ---------------------------------------------------------------------
 
@@ -183,7 +283,7 @@ class Scheduler:
         return max(wait_ms, 0.0) / 1000.0
 
     def wake(self, shard: int) -> None:
-        """Tick `shard` at once (called for wake-up messages)."""
+        """Tick `shard` at once, if this node holds it (called for wake-up messages)."""
         st = self.state.get(shard)
         if st is not None:
             st.next_tick_ms = 0.0
@@ -191,9 +291,12 @@ class Scheduler:
             self.woken.set()
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Run until `stop` is set; the pass in progress finishes first."""
-        listener = asyncio.create_task(self._listen_for_wakeups(stop))
-        log.info("scheduler_started", shards=len(self.state), node=self.node or None)
+        """Run until `stop` is set; the pass in progress finishes, then leases are released."""
+        helpers = [asyncio.create_task(self._listen_for_wakeups(stop))]
+        if self.leases is not None:
+            await self.lease_round()
+            helpers.append(asyncio.create_task(self._lease_loop(stop)))
+        log.info("scheduler_started", node=self.node or None, shards=len(self.state))
         try:
             while not stop.is_set():
                 await self.run_once()
@@ -208,10 +311,16 @@ class Scheduler:
                 sleeper.cancel()
                 stopper.cancel()
         finally:
-            listener.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await listener
-            log.info("scheduler_stopped", dispatched=self.counters.dispatched)
+            for helper in helpers:
+                helper.cancel()
+            for helper in helpers:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await helper
+            if self.leases is not None:
+                await self._leave()
+            log.info(
+                "scheduler_stopped", node=self.node or None, dispatched=self.counters.dispatched
+            )
 
     async def _listen_for_wakeups(self, stop: asyncio.Event) -> None:
         # A plain connection to the URL's node: PUBLISH reaches every node of a Cluster.
@@ -231,13 +340,3 @@ class Scheduler:
                 await asyncio.sleep(0.5)
             finally:
                 await client.aclose()
-
-
-async def run_scheduler(engine: Engine, stop: asyncio.Event) -> Scheduler:
-    """Run a single-node scheduler over all shards until `stop` is set."""
-    scheduler = Scheduler(engine)
-    await scheduler.run(stop)
-    return scheduler
-
-
-__all__ = ["Scheduler", "run_scheduler"]

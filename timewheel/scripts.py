@@ -19,13 +19,26 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import NoScriptError
 
 from timewheel.errors import InvalidState, LeaseLost, ScriptError, TaskNotFound
 from timewheel.record import TaskState
 from timewheel.redis_client import RedisClient
 
-OPERATIONS = ("create", "tick", "promote", "cancel", "update", "ack", "expire_finished")
+OPERATIONS = (
+    "create",
+    "tick",
+    "promote",
+    "cancel",
+    "update",
+    "ack",
+    "expire_finished",
+    "lease_acquire",
+    "lease_renew",
+    "lease_release",
+    "heartbeat",
+)
 _INCLUDE = re.compile(r"^--!include (\S+)\s*$", re.MULTILINE)
 _CODE = re.compile(r"\{(-\d+)[^}]*\}\s+([A-Z_]+)")
 
@@ -75,6 +88,14 @@ class Script:
         source = render(name)
         return cls(name, source, hashlib.sha1(source.encode()).hexdigest())
 
+    async def load_everywhere(self, client: RedisClient) -> None:
+        """SCRIPT LOAD on the server, or on every primary of a Cluster (before a pipeline)."""
+        if isinstance(client, RedisCluster):
+            for node in client.get_primaries():
+                await client.execute_command("SCRIPT", "LOAD", self.source, target_nodes=node)
+        else:
+            await client.script_load(self.source)
+
     async def __call__(
         self, client: RedisClient, keys: Sequence[str], args: Sequence[ScriptArg]
     ) -> Any:
@@ -95,6 +116,10 @@ class Scripts:
         self.update = Script.load("update")
         self.ack = Script.load("ack")
         self.expire_finished = Script.load("expire_finished")
+        self.lease_acquire = Script.load("lease_acquire")
+        self.lease_renew = Script.load("lease_renew")
+        self.lease_release = Script.load("lease_release")
+        self.heartbeat = Script.load("heartbeat")
 
     def all(self) -> list[Script]:
         return [getattr(self, name) for name in OPERATIONS]

@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import secrets
 import signal
+import socket
 from collections.abc import Generator
 
 import structlog
 import uvicorn
+from prometheus_client import start_http_server
 
 from timewheel.api import create_app
 from timewheel.engine import Engine
+from timewheel.metrics import SchedulerMetrics
 from timewheel.scheduler import Scheduler
 
 log = structlog.get_logger("timewheel")
@@ -38,9 +43,15 @@ async def serve(
     scheduler: bool,
     host: str = "127.0.0.1",
     port: int = 8080,
+    node: str | None = None,
+    lease_ttl_ms: int = 2000,
+    metrics_port: int | None = None,
     stop: asyncio.Event | None = None,
 ) -> None:
-    """Run the API and/or the scheduler on `engine` until SIGINT/SIGTERM (or `stop`)."""
+    """Run the API and/or the scheduler on `engine` until SIGINT/SIGTERM (or `stop`).
+
+    The scheduler claims shards by lease as `node` (a generated id if None).
+    """
     stop = stop or asyncio.Event()
     _on_signals(stop)
     tasks: list[asyncio.Task[object]] = []
@@ -57,7 +68,13 @@ async def serve(
         tasks.append(asyncio.create_task(server.serve()))
         log.info("api_listening", url=f"http://{host}:{port}")
     if scheduler:
-        tasks.append(asyncio.create_task(Scheduler(engine).run(stop)))
+        metrics = SchedulerMetrics()
+        if metrics_port is not None:
+            start_http_server(metrics_port, addr=host, registry=metrics.registry)
+            log.info("metrics_listening", url=f"http://{host}:{metrics_port}/metrics")
+        node_id = node or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}"
+        sched = Scheduler(engine, node=node_id, lease_ttl_ms=lease_ttl_ms, metrics=metrics)
+        tasks.append(asyncio.create_task(sched.run(stop)))
     stopper = asyncio.create_task(stop.wait())
     await asyncio.wait({stopper, *tasks}, return_when=asyncio.FIRST_COMPLETED)
     stop.set()

@@ -1,0 +1,94 @@
+"""Shard leases and fencing: the Lua contract, rendezvous shares, one node's lease rounds."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.test_engine import NOW, prime
+from timewheel.engine import Engine, NewTask
+from timewheel.errors import LeaseLost
+from timewheel.leases import Leases, rendezvous_owner, share_of
+from timewheel.scheduler import Scheduler
+
+
+def test_rendezvous_gives_every_shard_one_owner_and_moves_little() -> None:
+    nodes = ["node-a", "node-b", "node-c"]
+    shares = [share_of(n, nodes, 64) for n in nodes]
+    assert set().union(*shares) == set(range(64))
+    assert sum(len(s) for s in shares) == 64
+    assert all(10 <= len(s) <= 32 for s in shares), [len(s) for s in shares]
+    # A fourth node takes shards only from the others; nothing moves between the three.
+    moved = [
+        s
+        for s in range(64)
+        if rendezvous_owner(s, nodes) != rendezvous_owner(s, [*nodes, "node-d"])
+    ]
+    assert all(rendezvous_owner(s, [*nodes, "node-d"]) == "node-d" for s in moved)
+    assert 5 <= len(moved) <= 30
+    assert rendezvous_owner(3, []) is None
+
+
+async def test_lease_acquire_renew_release_and_epochs(engine: Engine) -> None:
+    a, b = Leases(engine, "a", 2000), Leases(engine, "b", 2000)
+    assert await a.acquire(5) == 1
+    assert await a.acquire(5) == 1  # re-acquiring what one holds renews it, same epoch
+    assert await b.acquire(5) is None
+    assert not await b.renew(5, 1)
+    assert not await b.release(5, 1)
+    assert await a.renew(5, 1)
+    assert await a.release(5, 1)
+    assert await b.acquire(5) == 2  # every acquisition is a new epoch
+    assert not await a.renew(5, 1)
+    ttl = await engine.client.pttl(engine.keys.lease(5))
+    assert 0 < ttl <= 2000
+
+
+async def test_scripts_refuse_a_node_that_lost_its_lease(engine: Engine) -> None:
+    await prime(engine)
+    shard = engine.shards_of("acme")[0]
+    a, b = Leases(engine, "a", 60_000), Leases(engine, "b", 60_000)
+    old = await a.acquire(shard)
+    assert old is not None
+    await engine.create(NewTask(tenant="acme", run_at_ms=NOW), now_ms=NOW)
+    # The lease passes to b (a paused past its ttl, say): a's epoch no longer holds.
+    await engine.client.delete(engine.keys.lease(shard))
+    new = await b.acquire(shard)
+    assert new == old + 1
+    with pytest.raises(LeaseLost):
+        await engine.tick(shard, now_ms=NOW, node="a", epoch=old)
+    with pytest.raises(LeaseLost):
+        await engine.promote(shard, now_ms=NOW, node="a", epoch=old)
+    with pytest.raises(LeaseLost):  # the same node name with a stale epoch is refused too
+        await engine.tick(shard, now_ms=NOW, node="b", epoch=old)
+    res = await engine.tick(shard, now_ms=NOW, node="b", epoch=new)
+    assert res.dispatched == 1
+
+
+async def test_heartbeat_lists_live_nodes_and_forgets_leavers(engine: Engine) -> None:
+    a, b = Leases(engine, "a", 2000), Leases(engine, "b", 2000)
+    assert await a.heartbeat() == ["a"]
+    assert await b.heartbeat() == ["a", "b"]
+    assert await b.heartbeat(leaving=True) == ["a"]
+    stale = Leases(engine, "c", 2000)
+    await stale.heartbeat()
+    await engine.client.zadd(engine.keys.nodes(), {"c": 1})  # silent since 1970
+    assert await a.heartbeat() == ["a"]
+
+
+async def test_two_schedulers_split_the_shards_and_a_leaver_hands_over(engine: Engine) -> None:
+    one = Scheduler(engine, node="one", lease_ttl_ms=2000)
+    two = Scheduler(engine, node="two", lease_ttl_ms=2000)
+    await one.lease_round()
+    assert set(one.state) == set(range(engine.settings.shards))  # alone: every shard
+    await two.lease_round()  # two joins: its share is still held by one
+    await one.lease_round()  # one sees two and releases two's share at once
+    await two.lease_round()
+    assert set(one.state) | set(two.state) == set(range(engine.settings.shards))
+    assert not set(one.state) & set(two.state)
+    assert set(two.state) == share_of("two", ["one", "two"], engine.settings.shards)
+    epochs = {s: int(st.epoch) for s, st in two.state.items()}
+    assert all(e >= 2 for e in epochs.values())  # taken over: a new epoch each
+    await two._leave()
+    await one.lease_round()
+    assert set(one.state) == set(range(engine.settings.shards))
+    assert one.metrics.lease_acquired._value.get() == engine.settings.shards + len(epochs)
