@@ -38,7 +38,7 @@ async def owners(engine: Engine) -> dict[int, tuple[str, int] | None]:
     """Each shard's lease holder as (node, epoch), or None."""
     out: dict[int, tuple[str, int] | None] = {}
     for shard in range(engine.settings.shards):
-        raw: bytes | None = await engine.client.get(engine.keys.lease(shard))
+        raw: Any = await engine.client.get(engine.keys.lease(shard))
         if raw is None:
             out[shard] = None
         else:
