@@ -16,7 +16,15 @@ from timewheel.config import Settings
 class NodeProcess:
     """One `timewheel scheduler` subprocess with its own log file."""
 
-    def __init__(self, settings: Settings, node_id: str, log_dir: Path, *, ttl_ms: int) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        node_id: str,
+        log_dir: Path,
+        *,
+        ttl_ms: int,
+        metrics_port: int | None = None,
+    ) -> None:
         self.node_id = node_id
         self.log_path = log_dir / f"{node_id}.log"
         env = {
@@ -41,6 +49,7 @@ class NodeProcess:
                     "--lease-ttl-ms",
                     str(ttl_ms),
                     "--log-json",
+                    *(["--metrics-port", str(metrics_port)] if metrics_port else []),
                 ],
                 stdout=out,
                 stderr=subprocess.STDOUT,

@@ -11,11 +11,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from tests.conftest import test_settings
 from tests.helpers import all_deliveries
-from tests.nodes import Fleet
+from tests.nodes import Fleet, NodeProcess
 from timewheel.config import Settings
 from timewheel.engine import Engine, NewTask
+from timewheel.redis_server import find_free_port
 
 TTL_MS = 2000
 
@@ -253,4 +256,37 @@ async def test_sigterm_releases_leases_at_once_and_exits_0(redis_url: str, tmp_p
             # Released, not expired: t2 holds everything well inside one ttl.
             assert took < 0.75 * TTL_MS / 1000, f"takeover took {took:.2f} s"
     finally:
+        await engine.close()
+
+
+async def test_a_node_serves_prometheus_metrics(standalone_url: str, tmp_path: Path) -> None:
+    settings = test_settings(standalone_url, shards=4)
+    engine = await connect(settings)
+    port = find_free_port()
+    node = NodeProcess(settings, "m1", tmp_path, ttl_ms=TTL_MS, metrics_port=port)
+    try:
+        node.wait_started()
+        await wait_until(lambda: balanced(engine, {"m1"}), 10, "m1 to hold every shard")
+        await engine.create_many([NewTask(tenant="metered", delay_ms=0) for _ in range(25)])
+
+        async def counted() -> bool:
+            text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+            return 'timewheel_dispatched_runs_total{tenant="metered"} 25.0' in text
+
+        await wait_until(counted, 10, "the dispatch counter")
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+        for name in (
+            "timewheel_dispatch_lag_seconds_bucket",
+            "timewheel_due_backlog",
+            "timewheel_tick_duration_seconds_count",
+            "timewheel_lease_acquisitions_total 4.0",
+            "timewheel_owned_shards 4.0",
+        ):
+            assert name in text, name
+        assert "timewheel_dispatch_lag_seconds_count 25.0" in text
+        # One log line per lease change, none per run at info level.
+        assert node.log().count("lease_acquired") == 4
+        assert "metered" not in node.log()
+    finally:
+        assert node.stop() == 0
         await engine.close()
