@@ -4,9 +4,11 @@
   ARGV[1] consumer group   ARGV[2] stream entry id   ARGV[3] run_id   ARGV[4] attempt
   ARGV[5] bucket_ms   ARGV[6] now_ms override ('' = TIME)   ARGV[7] event log cap
   Derived keys (same tag): t:<xy>, x:<bucket>, expiry.
-  Returns: {1}   acknowledged and the run is now succeeded
-           {0}   the entry was acknowledged, but the run had already moved on (a late
-                 ack of an earlier attempt, or a run already finished): nothing changed
+  Returns: {1}   acknowledged and the run is now succeeded. This includes a late ack of
+                 an attempt the reaper had already given up on, while its retry still
+                 waits in the wheel: the work is done, so the retry is dropped.
+           {0}   the entry was acknowledged, but the run had already moved on (a later
+                 attempt is out, or the run is finished): nothing changed
   Errors:  {-1} NOT_FOUND: no record for this run id in this shard.
   The entry is deleted from the stream once acknowledged, so ready streams hold only
   unacknowledged work and never drop any of it. ]]
@@ -28,10 +30,13 @@ local r = record_load(bkey, run_id)
 if r == nil then
   return { -1 }
 end
-if r[R_STATE] ~= ST_DISPATCHED or r[R_ATTEMPT] ~= attempt then
+if r[R_ATTEMPT] ~= attempt or (r[R_STATE] ~= ST_DISPATCHED and r[R_STATE] ~= ST_SCHEDULED) then
   return { 0 }
 end
 local now = clock_now_ms(now_override)
+if r[R_STATE] == ST_SCHEDULED then
+  wheel_remove(tag, run_id, r[R_TENANT], r[R_DUE], bucket_ms)
+end
 r[R_STATE], r[R_UPDATED] = ST_SUCCEEDED, now
 record_save(bkey, run_id, r)
 wheel_retain(tag, run_id, now, bucket_ms)

@@ -46,7 +46,7 @@ end
 
 local wake = wheel_place(tag, meta_key, run_id, tenant, due_ms, bucket_ms)
 record_save(body_key_, run_id,
-  { ST_SCHEDULED, 0, due_ms, tenant, queue, now, payload, opts, nil, nil, nil })
+  { ST_SCHEDULED, 0, due_ms, tenant, queue, now, payload, opts, nil, nil, nil, nil })
 event_emit(events_key, event_cap, 'e', 'created', 'id', run_id, 'tenant', tenant,
   'queue', queue, 'due_ms', due_ms, 'at', now, 'payload', payload, 'opts', opts or '')
 if wake == 1 and wake_channel ~= '' then

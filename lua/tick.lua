@@ -6,7 +6,8 @@
           for about 10 us per run, so 1000 keeps a tick near 10 ms)
   ARGV[2] now_ms override ('' = TIME)   ARGV[3] node ('' = unfenced)   ARGV[4] epoch
   ARGV[5] event log cap
-  Derived keys (same tag): near:<tenant>, t:<xy>, q:<tenant>:<queue>, lease, wheel.
+  Derived keys (same tag): near:<tenant>, t:<xy>, q:<tenant>:<queue>, lease, wheel,
+  dead:<tenant> (a run past its expires_at is dead-lettered, reason expired, not sent).
   Returns: {dispatched, next_due_ms, now_ms, clock_back_ms, next_bucket_ms, promoted_until,
            consumed, {tenant, count, ...}, {lag_ms, ...}, backlog}
            next_due_ms / next_bucket_ms are -1 when nothing waits; consumed (near entries
@@ -27,7 +28,9 @@ local tag = string.sub(meta_key, 1, -5)
 
 --!include lib/record.lua
 --!include lib/clock.lua
+--!include lib/wheel.lua
 --!include lib/events.lua
+--!include lib/retry.lua
 --!include lib/lease.lua
 
 if not lease_holds(tag, node, epoch) then
@@ -59,18 +62,32 @@ local function dispatch(tenant, run_id)
   if r == nil or r[R_STATE] ~= ST_SCHEDULED then
     return nil
   end
+  if r[R_OPTS] and string.find(r[R_OPTS], 'expires_at_ms', 1, true) then
+    local expires = cjson.decode(r[R_OPTS]).expires_at_ms
+    if expires and now > expires then
+      retry_or_bury(tag, bkey, run_id, r, { now = now, defaults = {}, permanent = true,
+        error = 'not dispatched before expires_at', reason = 'expired',
+        events_key = events_key, event_cap = event_cap })
+      return nil
+    end
+  end
   local attempt = r[R_ATTEMPT] + 1
   local stream = tag .. 'q:' .. tenant .. ':' .. r[R_QUEUE]
-  local task_id = string.match(run_id, '^[^@]+')
+  local entry = { 'run_id', run_id, 'task_id', string.match(run_id, '^[^@]+') }
   if r[R_SCHEDULE] then
-    rcall('XADD', stream, '*', 'run_id', run_id, 'task_id', task_id,
-      'schedule_id', r[R_SCHEDULE], 'tenant', tenant, 'queue', r[R_QUEUE],
-      'attempt', attempt, 'due_ms', r[R_DUE], 'dispatched_ms', now, 'payload', r[R_PAYLOAD])
-  else
-    rcall('XADD', stream, '*', 'run_id', run_id, 'task_id', task_id,
-      'tenant', tenant, 'queue', r[R_QUEUE],
-      'attempt', attempt, 'due_ms', r[R_DUE], 'dispatched_ms', now, 'payload', r[R_PAYLOAD])
+    entry[#entry + 1], entry[#entry + 2] = 'schedule_id', r[R_SCHEDULE]
   end
+  local n = #entry
+  entry[n + 1], entry[n + 2], entry[n + 3], entry[n + 4] = 'tenant', tenant, 'queue', r[R_QUEUE]
+  entry[n + 5], entry[n + 6], entry[n + 7], entry[n + 8] = 'attempt', attempt, 'due_ms', r[R_DUE]
+  entry[n + 9], entry[n + 10], entry[n + 11], entry[n + 12] = 'dispatched_ms', now, 'payload',
+    r[R_PAYLOAD]
+  if r[R_OPTS] and string.find(r[R_OPTS], 'visibility_timeout_s', 1, true) then
+    -- Only a task with its own visibility timeout carries it, for the executor's heartbeat.
+    entry[n + 13] = 'visibility_timeout_ms'
+    entry[n + 14] = math.floor(cjson.decode(r[R_OPTS]).visibility_timeout_s * 1000)
+  end
+  rcall('XADD', stream, '*', unpack(entry))
   lags[#lags + 1] = now - r[R_DUE]
   r[R_STATE], r[R_ATTEMPT], r[R_UPDATED] = ST_DISPATCHED, attempt, now
   record_save(bkey, run_id, r)

@@ -13,6 +13,21 @@ from types import TracebackType
 from timewheel.config import Settings
 
 
+def settings_env(settings: Settings) -> dict[str, str]:
+    """The environment that makes a `timewheel` subprocess use these settings."""
+    return {
+        **os.environ,
+        "TIMEWHEEL_PREFIX": settings.prefix,
+        "TIMEWHEEL_SHARDS": str(settings.shards),
+        "TIMEWHEEL_BUCKET_MS": str(settings.bucket_ms),
+        "TIMEWHEEL_HORIZON_MS": str(settings.horizon_ms),
+        "TIMEWHEEL_POLL_CAP_MS": str(settings.poll_cap_ms),
+        "TIMEWHEEL_RETRY_INITIAL_MS": str(settings.retry_initial_ms),
+        "TIMEWHEEL_VISIBILITY_TIMEOUT_MS": str(settings.visibility_timeout_ms),
+        "TIMEWHEEL_REAP_INTERVAL_MS": str(settings.reap_interval_ms),
+    }
+
+
 class NodeProcess:
     """One `timewheel scheduler` subprocess with its own log file."""
 
@@ -27,14 +42,7 @@ class NodeProcess:
     ) -> None:
         self.node_id = node_id
         self.log_path = log_dir / f"{node_id}.log"
-        env = {
-            **os.environ,
-            "TIMEWHEEL_PREFIX": settings.prefix,
-            "TIMEWHEEL_SHARDS": str(settings.shards),
-            "TIMEWHEEL_BUCKET_MS": str(settings.bucket_ms),
-            "TIMEWHEEL_HORIZON_MS": str(settings.horizon_ms),
-            "TIMEWHEEL_POLL_CAP_MS": str(settings.poll_cap_ms),
-        }
+        env = settings_env(settings)
         with self.log_path.open("w") as out:
             self.proc = subprocess.Popen(
                 [

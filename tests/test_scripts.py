@@ -52,6 +52,7 @@ def test_record_layout_and_states_match_the_lua_side() -> None:
         "UPDATED": "updated_ms",
         "ERROR": "last_error",
         "SCHEDULE": "schedule_id",
+        "DEAD": "dead_entry",
     }
     assert len(positions) == len(FIELDS)
     for label, index in positions.items():

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
+import os
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -13,10 +16,12 @@ from redis.exceptions import RedisError
 from timewheel import __version__
 from timewheel.config import Settings
 from timewheel.engine import Engine
-from timewheel.errors import ConfigError, TimewheelError
+from timewheel.errors import ConfigError, TimewheelError, ValidationError
 from timewheel.logs import configure
 from timewheel.scripts import OPERATIONS, Script, ScriptCode, header_codes
 from timewheel.serve import serve
+from timewheel.webhook import WebhookExecutor
+from timewheel.worker import Handler, Worker
 
 DEV_REDIS_PORT = 6399
 
@@ -30,6 +35,60 @@ def _add_common(p: argparse.ArgumentParser, *, redis_url: bool = True) -> None:
         )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument("--log-json", action="store_true", help="JSON log lines")
+
+
+def _add_executor_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tenant", required=True)
+    p.add_argument("--queue", default="default")
+    p.add_argument("--group", default="timewheel", help="consumer group (default timewheel)")
+    p.add_argument("--concurrency", type=int, default=10)
+    _add_common(p)
+
+
+def load_handler(spec: str) -> Handler:
+    """The function named by 'package.module:function'."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ConfigError(f"--app {spec!r} must look like package.module:function")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"--app {spec!r}: cannot import {module_name!r}: {exc}") from exc
+    handler = getattr(module, attr, None)
+    if not callable(handler):
+        raise ConfigError(f"--app {spec!r}: {attr!r} is not a function of {module_name}")
+    return handler  # type: ignore[no-any-return]
+
+
+async def _run_executor(args: argparse.Namespace) -> None:
+    engine = await Engine.connect(_settings(args))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        if args.command == "worker":
+            worker = Worker(
+                engine, args.tenant, args.queue, group=args.group, concurrency=args.concurrency
+            )
+            await worker.run(load_handler(args.app), stop)
+        else:
+            hook = WebhookExecutor(
+                engine,
+                args.tenant,
+                args.queue,
+                url=args.url,
+                allow_hosts=args.allow_host,
+                timeout_s=args.timeout_s,
+                concurrency=args.concurrency,
+                group=args.group,
+            )
+            try:
+                await hook.worker.run(hook.deliver, stop)
+            finally:
+                await hook.aclose()
+    finally:
+        await engine.close()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -70,6 +129,21 @@ def build_parser() -> argparse.ArgumentParser:
     sched.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
     sched.add_argument("--host", default="127.0.0.1", help="address of the metrics server")
     _add_common(sched)
+
+    worker = sub.add_parser("worker", help="run an executor: a handler function per run")
+    worker.add_argument("--app", required=True, help="module:function, the handler")
+    _add_executor_args(worker)
+
+    hook = sub.add_parser("webhook", help="POST each run's payload to a URL")
+    hook.add_argument("--url", help="the URL to POST to")
+    hook.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        help="take the URL from the payload's 'url' if its host is listed",
+    )
+    hook.add_argument("--timeout-s", type=float, default=10.0)
+    _add_executor_args(hook)
 
     scripts = sub.add_parser("scripts", help="Lua script tools")
     scripts_sub = scripts.add_subparsers(dest="scripts_command", required=True)
@@ -162,9 +236,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             asyncio.run(_run(args, api=True, scheduler=False))
         elif args.command == "scheduler":
             asyncio.run(_run(args, api=False, scheduler=True))
+        elif args.command in ("worker", "webhook"):
+            if args.command == "worker":
+                sys.path.insert(0, os.getcwd())  # --app modules are found from where you are
+            asyncio.run(_run_executor(args))
         elif args.command == "scripts":
             asyncio.run(_scripts_check(args))
-    except ConfigError as exc:
+    except (ConfigError, ValidationError) as exc:
         print(f"timewheel: {exc}", file=sys.stderr)
         return 2
     except TimewheelError as exc:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
@@ -38,7 +39,25 @@ class Settings:
     """How many shards a tenant's tasks use unless the tenant says otherwise."""
     poll_cap_ms: int = 250
     """Longest a scheduler sleeps without looking (wake-ups normally come sooner)."""
+    sweep_ms: int = 1_000
+    """Every shard is ticked at least this often, even with no known due run: a lost
+    wake-up message (pub/sub is not durable) delays a run by at most this much."""
     default_queue: str = "default"
+    retry_max_attempts: int = 5
+    """Attempts before a run is dead-lettered, unless the task says otherwise."""
+    retry_initial_ms: int = 1_000
+    """Backoff before the second attempt; multiplied by retry_factor per attempt."""
+    retry_factor: float = 2.0
+    retry_max_ms: int = 3_600_000
+    """Cap of one backoff."""
+    retry_jitter: str = "full"
+    """full (uniform 0..backoff), proportional (backoff x 0.8..1.2) or none."""
+    visibility_timeout_ms: int = 30_000
+    """How long an executor may hold a run without heartbeat before the reaper retries it."""
+    min_visibility_timeout_ms: int = 500
+    """Shortest visibility timeout a task may ask for; the reaper ignores younger entries."""
+    reap_interval_ms: int = 1_000
+    """How often a scheduler node looks for expired executor leases in each shard."""
 
     def __post_init__(self) -> None:
         if self.shards < 1 or self.shards > MAX_SHARDS or self.shards & (self.shards - 1):
@@ -50,6 +69,7 @@ class Settings:
             "horizon_ms",
             "tick_batch",
             "promote_batch",
+            "sweep_ms",
             "event_log_max",
             "max_payload_bytes",
             "default_spread",
@@ -59,6 +79,15 @@ class Settings:
                 raise ConfigError(
                     f"Setting {name!r} has value {getattr(self, name)}. Must be >= 1."
                 )
+        if self.retry_jitter not in ("full", "proportional", "none"):
+            raise ConfigError(
+                f"Setting 'retry_jitter' has value {self.retry_jitter!r}. "
+                "Use full, proportional or none."
+            )
+        if self.retry_factor < 1:
+            raise ConfigError(
+                f"Setting 'retry_factor' has value {self.retry_factor}. Must be >= 1."
+            )
         if self.tick_batch > 5000 or self.promote_batch > 5000:
             raise ConfigError("Settings 'tick_batch' and 'promote_batch' must be <= 5000.")
         if not self.prefix or any(c in self.prefix for c in "{}: "):
@@ -75,12 +104,13 @@ class Settings:
             raw = env.get(f"TIMEWHEEL_{f.name.upper()}")
             if raw is None:
                 continue
-            if f.type == "int":
+            if f.type in ("int", "float"):
                 try:
-                    values[f.name] = int(raw)
+                    values[f.name] = int(raw) if f.type == "int" else float(raw)
                 except ValueError:
                     raise ConfigError(
-                        f"Config 'TIMEWHEEL_{f.name.upper()}' has value {raw!r}. Not a valid int."
+                        f"Config 'TIMEWHEEL_{f.name.upper()}' has value {raw!r}. "
+                        f"Not a valid {f.type}."
                     ) from None
             else:
                 values[f.name] = raw
@@ -89,3 +119,15 @@ class Settings:
 
     def with_(self, **changes: Any) -> Settings:
         return replace(self, **changes)
+
+    def retry_defaults_json(self) -> str:
+        """The deployment's retry policy as the Lua scripts take it (seconds, as in tasks)."""
+        return json.dumps(
+            {
+                "max_attempts": self.retry_max_attempts,
+                "initial_s": self.retry_initial_ms / 1000,
+                "factor": self.retry_factor,
+                "max_s": self.retry_max_ms / 1000,
+                "jitter": self.retry_jitter,
+            }
+        )

@@ -2,6 +2,7 @@
 
     TimewheelError
     ├── ConfigError               settings or environment unusable (missing binary, bad URL)
+    ├── PermanentError            raised by a handler: the run cannot succeed, dead-letter it
     ├── RedisUnavailable          Redis could not be reached or answered with a server error
     ├── ValidationError           a request field is malformed (HTTP 400/413/422)
     │   └── PayloadTooLarge       payload over the configured limit (HTTP 413)
@@ -23,6 +24,10 @@ class TimewheelError(Exception):
 
 class ConfigError(TimewheelError):
     """Raised when settings or the environment cannot work (bad URL, missing redis-server)."""
+
+
+class PermanentError(TimewheelError):
+    """Raise from an executor handler when retrying cannot help: the run is dead-lettered."""
 
 
 class RedisUnavailable(TimewheelError):

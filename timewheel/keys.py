@@ -52,6 +52,14 @@ class Keys:
         """STREAM of dispatched runs of one (tenant, queue) in one shard."""
         return f"{self.tag(shard)}q:{tenant}:{queue}"
 
+    def dead(self, shard: int, tenant: str) -> str:
+        """STREAM of a tenant's dead-lettered runs in one shard."""
+        return f"{self.tag(shard)}dead:{tenant}"
+
+    def groups(self, shard: int) -> str:
+        """SET of '<group>|<stream key>': the consumer groups the reaper watches."""
+        return self.tag(shard) + "groups"
+
     def events(self, shard: int) -> str:
         """STREAM: the shard's capped event log."""
         return self.tag(shard) + "events"

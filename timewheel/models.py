@@ -129,6 +129,8 @@ class Delivery:
     due_ms: int
     dispatched_ms: int
     payload_json: str
+    visibility_timeout_ms: int | None = None
+    """The task's own visibility timeout, when it set one (else the deployment default)."""
 
     @property
     def payload(self) -> JSONValue:

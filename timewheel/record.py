@@ -26,6 +26,7 @@ FIELDS = (
     "updated_ms",
     "last_error",
     "schedule_id",
+    "dead_entry",
 )
 _HEADER = bytes([0x90 | len(FIELDS)])  # a msgpack fixarray of len(FIELDS) elements
 

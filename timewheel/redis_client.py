@@ -39,11 +39,15 @@ async def connect(url: str, *, max_connections: int = 64) -> RedisClient:
             username=unquote(parts.username) if parts.username else None,
             password=unquote(parts.password) if parts.password else None,
             ssl=parts.scheme == "rediss",
-            max_connections=max_connections,
+            max_connections=max_connections * 4,  # per node
         )
         await cluster.initialize()
         return cluster
-    return aioredis.Redis.from_url(url, max_connections=max_connections)
+    # A blocking pool: more concurrent calls than connections wait for one, not fail.
+    pool = aioredis.BlockingConnectionPool.from_url(
+        url, max_connections=max_connections, timeout=30
+    )
+    return aioredis.Redis.from_pool(pool)  # owns the pool: aclose() closes its sockets
 
 
 async def redis_version(client: RedisClient) -> tuple[int, ...]:

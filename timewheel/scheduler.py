@@ -45,6 +45,7 @@ class ShardState:
     next_tick_ms: float = 0.0
     next_promote_ms: float = 0.0
     next_expire_ms: float = 0.0
+    next_reap_ms: float = 0.0
 
 
 @dataclass(slots=True)
@@ -53,6 +54,7 @@ class Counters:
     dispatched: int = 0
     promoted: int = 0
     expired: int = 0
+    reaped: int = 0
     errors: int = 0
 
 
@@ -92,7 +94,8 @@ class Scheduler:
         promote = [s for s, st in owned if st.next_promote_ms <= now]
         tick = [s for s, st in owned if st.next_tick_ms <= now]
         expire = [s for s, st in owned if st.next_expire_ms <= now]
-        self._busy.update(promote, tick, expire)
+        reap = [s for s, st in owned if st.next_reap_ms <= now]
+        self._busy.update(promote, tick, expire, reap)
         try:
             if promote:
                 for res in await asyncio.gather(*(self._promote(s) for s in promote)):
@@ -106,6 +109,8 @@ class Scheduler:
                         self._after_tick(ticked)
             if expire:
                 await asyncio.gather(*(self._expire(s, now) for s in expire))
+            if reap:
+                await asyncio.gather(*(self._reap(s, now) for s in reap))
         finally:
             self._busy.clear()
         return dispatched
@@ -136,10 +141,10 @@ class Scheduler:
             return
         if res.consumed >= self.engine.settings.tick_batch:
             st.next_tick_ms = 0.0  # a backlog is due now: come straight back
-        elif res.next_due_ms is not None:
-            st.next_tick_ms = float(res.next_due_ms)
         else:
-            st.next_tick_ms = float("inf")
+            sweep = float(res.now_ms + self.engine.settings.sweep_ms)
+            due = float(res.next_due_ms) if res.next_due_ms is not None else sweep
+            st.next_tick_ms = min(due, sweep)
         self._plan_promote(st, res.promoted_until_ms, res.next_bucket_ms)
 
     def _plan_promote(self, st: ShardState, promoted_until: int, next_bucket: int | None) -> None:
@@ -187,6 +192,21 @@ class Scheduler:
         self.counters.expired += deleted
         if more:
             st.next_expire_ms = 0.0
+
+    async def _reap(self, shard: int, now: float) -> None:
+        st = self.state.get(shard)
+        if st is None:
+            return
+        st.next_reap_ms = now + self.engine.settings.reap_interval_ms
+        try:
+            retried, buried = await self.engine.reap(shard, node=self.node, epoch=st.epoch)
+        except TimewheelError as exc:
+            self._failed("reap", shard, exc)
+            return
+        if retried or buried:
+            self.counters.reaped += retried + buried
+            log.info("leases_expired", shard=shard, retried=retried, dead=buried)
+            st.next_tick_ms = 0.0  # a retry may be due at once
 
     def _failed(self, op: str, shard: int, exc: TimewheelError) -> None:
         if isinstance(exc, LeaseLost):
@@ -274,7 +294,7 @@ class Scheduler:
     def _sleep_s(self) -> float:
         earliest = min(
             (
-                min(st.next_tick_ms, st.next_promote_ms, st.next_expire_ms)
+                min(st.next_tick_ms, st.next_promote_ms, st.next_expire_ms, st.next_reap_ms)
                 for st in self.state.values()
             ),
             default=float("inf"),

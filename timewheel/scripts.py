@@ -34,6 +34,10 @@ OPERATIONS = (
     "update",
     "ack",
     "expire_finished",
+    "fail",
+    "reap",
+    "replay_dead",
+    "purge_dead",
     "lease_acquire",
     "lease_renew",
     "lease_release",
@@ -116,6 +120,10 @@ class Scripts:
         self.update = Script.load("update")
         self.ack = Script.load("ack")
         self.expire_finished = Script.load("expire_finished")
+        self.fail = Script.load("fail")
+        self.reap = Script.load("reap")
+        self.replay_dead = Script.load("replay_dead")
+        self.purge_dead = Script.load("purge_dead")
         self.lease_acquire = Script.load("lease_acquire")
         self.lease_renew = Script.load("lease_renew")
         self.lease_release = Script.load("lease_release")

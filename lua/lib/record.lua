@@ -1,8 +1,8 @@
--- Task record helpers. A record is RECORD_FIELDS msgpack values packed back to back
+-- Task record helpers. A record is 12 msgpack values packed back to back
 -- (no array header), stored as one field of a per-shard body hash. Python reads it in
 -- timewheel/record.py; the field order below is the contract between the two.
 local R_STATE, R_ATTEMPT, R_DUE, R_TENANT, R_QUEUE, R_CREATED = 1, 2, 3, 4, 5, 6
-local R_PAYLOAD, R_OPTS, R_UPDATED, R_ERROR, R_SCHEDULE = 7, 8, 9, 10, 11
+local R_PAYLOAD, R_OPTS, R_UPDATED, R_ERROR, R_SCHEDULE, R_DEAD = 7, 8, 9, 10, 11, 12
 local ST_SCHEDULED, ST_DISPATCHED, ST_SUCCEEDED, ST_CANCELLED, ST_DEAD = 0, 1, 2, 3, 4
 
 -- The body hash of a run: 't:' plus the last two characters of the task id part of the
@@ -22,7 +22,8 @@ local function record_load(bkey, run_id)
 end
 
 local function record_pack(r)
-  return cmsgpack.pack(r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10], r[11])
+  return cmsgpack.pack(r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10], r[11],
+    r[12])
 end
 
 local function record_save(bkey, run_id, r)

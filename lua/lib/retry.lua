@@ -1,0 +1,69 @@
+-- Retry or bury a run whose attempt failed (fail.lua, reap.lua). Needs lib/record.lua,
+-- lib/wheel.lua and lib/events.lua included before it.
+--
+-- policy: the task's own retry fields (record opts JSON, key 'retry') over the
+-- deployment defaults (a table with max_attempts, initial_s, factor, max_s, jitter).
+-- rand: a number in [0, 1) from the caller; Redis seeds Lua's math.random identically
+-- on every call, so randomness has to come from outside.
+
+local function retry_policy(r, defaults)
+  local p = {}
+  for k, v in pairs(defaults) do
+    p[k] = v
+  end
+  if r[R_OPTS] then
+    local opts = cjson.decode(r[R_OPTS])
+    if type(opts.retry) == 'table' then
+      for k, v in pairs(opts.retry) do
+        p[k] = v
+      end
+    end
+  end
+  return p
+end
+
+-- Backoff before the next attempt, in ms: exponential from initial_s by factor per
+-- attempt, capped at max_s, then jittered: 'full' is uniform in [0, d], 'proportional'
+-- is d * [0.8, 1.2), 'none' is d.
+local function retry_backoff_ms(p, attempt, rand)
+  local d = p.initial_s * (p.factor ^ (attempt - 1))
+  if d > p.max_s then
+    d = p.max_s
+  end
+  if p.jitter == 'full' then
+    d = d * rand
+  elseif p.jitter == 'proportional' then
+    d = d * (0.8 + 0.4 * rand)
+  end
+  return math.floor(d * 1000)
+end
+
+-- Move a run that was dispatched and failed: back into the wheel, or into the tenant's
+-- dead-letter stream once max_attempts is reached (or at once when permanent).
+-- Returns 'retry', due_ms   or   'dead', entry_id.
+local function retry_or_bury(tag, bkey, run_id, r, ctx)
+  local now, p = ctx.now, retry_policy(r, ctx.defaults)
+  local tenant = r[R_TENANT]
+  r[R_ERROR], r[R_UPDATED] = ctx.error, now
+  if not ctx.permanent and r[R_ATTEMPT] < p.max_attempts then
+    local delay = ctx.delay_ms or retry_backoff_ms(p, r[R_ATTEMPT], ctx.rand)
+    r[R_STATE], r[R_DUE] = ST_SCHEDULED, now + delay
+    local wake = wheel_place(tag, tag .. 'meta', run_id, tenant, r[R_DUE], ctx.bucket_ms)
+    if wake == 1 and ctx.wake_channel and ctx.wake_channel ~= '' then
+      redis.call('PUBLISH', ctx.wake_channel, ctx.shard)
+    end
+    record_save(bkey, run_id, r)
+    event_emit(ctx.events_key, ctx.event_cap, 'e', 'retry_scheduled', 'id', run_id,
+      'tenant', tenant, 'attempt', r[R_ATTEMPT], 'at', now, 'due_ms', r[R_DUE],
+      'reason', ctx.reason, 'error', ctx.error)
+    return 'retry', r[R_DUE]
+  end
+  local entry = redis.call('XADD', tag .. 'dead:' .. tenant, '*', 'run_id', run_id,
+    'tenant', tenant, 'queue', r[R_QUEUE], 'attempt', r[R_ATTEMPT], 'reason', ctx.reason,
+    'error', ctx.error, 'dead_ms', now, 'due_ms', r[R_DUE], 'payload', r[R_PAYLOAD])
+  r[R_STATE], r[R_DEAD] = ST_DEAD, entry
+  record_save(bkey, run_id, r)
+  event_emit(ctx.events_key, ctx.event_cap, 'e', 'dead', 'id', run_id, 'tenant', tenant,
+    'attempt', r[R_ATTEMPT], 'at', now, 'reason', ctx.reason, 'error', ctx.error)
+  return 'dead', entry
+end

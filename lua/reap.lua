@@ -1,0 +1,98 @@
+--[[ reap: runs whose executor lease (visibility timeout) expired become failed attempts.
+  KEYS[1] meta    HASH   tag..'meta' (the tag is KEYS[1] minus 'meta')
+  KEYS[2] groups  SET    tag..'groups', members '<group>|<stream key>' (added by workers)
+  KEYS[3] events  STREAM tag..'events'
+  ARGV[1] node ('' = unfenced)   ARGV[2] epoch   ARGV[3] min_idle_ms: the shortest
+          visibility timeout allowed (entries idle less are never expired)
+  ARGV[4] default visibility timeout ms   ARGV[5] limit: most pending entries examined
+          per stream (<= 1000: XPENDING and XRANGE stay short)
+  ARGV[6] rand seed in [0, 1)   ARGV[7] retry defaults JSON   ARGV[8] bucket_ms
+  ARGV[9] now_ms override ('' = TIME)   ARGV[10] event log cap
+  Derived keys (same tag): the streams named in KEYS[2], t:<xy>, near:<tenant>, due,
+  w:<bucket>, wheel, dead:<tenant>, lease.
+  Returns: {retried, buried, examined}
+  Errors:  {-3} LEASE_LOST.
+  A pending entry idle for longer than its run's visibility timeout (the task's own
+  visibility_timeout_s, else the default) belonged to an executor that crashed or hung
+  without heartbeating: it is acknowledged and deleted, and the run goes through the
+  same retry policy as a failure (reason lease_expired). Executors extend their lease by
+  XCLAIM ... JUSTID, which resets the idle time. ]]
+local rcall = redis.call
+local meta_key, groups_key, events_key = KEYS[1], KEYS[2], KEYS[3]
+local node, epoch, min_idle = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local default_vis, limit, seed = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local defaults, bucket_ms = cjson.decode(ARGV[7]), tonumber(ARGV[8])
+local now_override, event_cap = ARGV[9], ARGV[10]
+local tag = string.sub(meta_key, 1, -5)
+
+--!include lib/record.lua
+--!include lib/clock.lua
+--!include lib/wheel.lua
+--!include lib/events.lua
+--!include lib/retry.lua
+--!include lib/lease.lua
+
+if not lease_holds(tag, node, epoch) then
+  return { -3 }
+end
+local now = clock_now_ms(now_override)
+
+-- One jitter draw per reaped run from the caller's seed (a small LCG).
+local state = math.floor(seed * 2147483647)
+local function next_rand()
+  state = (1103515245 * state + 12345) % 2147483648
+  return state / 2147483648
+end
+
+local function visibility_ms(r)
+  if r[R_OPTS] then
+    local opts = cjson.decode(r[R_OPTS])
+    if opts.visibility_timeout_s then
+      return opts.visibility_timeout_s * 1000
+    end
+  end
+  return default_vis
+end
+
+local retried, buried, examined = 0, 0, 0
+for _, member in ipairs(rcall('SMEMBERS', groups_key)) do
+  local group, stream = string.match(member, '^([^|]+)|(.+)$')
+  if group and rcall('EXISTS', stream) == 1 then
+    local pending = rcall('XPENDING', stream, group, 'IDLE', min_idle, '-', '+', limit)
+    for _, p in ipairs(pending) do
+      examined = examined + 1
+      local entry_id, idle = p[1], tonumber(p[3])
+      local entry = rcall('XRANGE', stream, entry_id, entry_id)[1]
+      if entry == nil then
+        rcall('XACK', stream, group, entry_id)  -- deleted already: forget it
+      else
+        local f = {}
+        for i = 1, #entry[2], 2 do
+          f[entry[2][i]] = entry[2][i + 1]
+        end
+        local run_id = f['run_id']
+        local bkey = body_key(tag, run_id)
+        local r = record_load(bkey, run_id)
+        local live = r and r[R_STATE] == ST_DISPATCHED and r[R_ATTEMPT] == tonumber(f['attempt'])
+        if not live then
+          rcall('XACK', stream, group, entry_id)
+          rcall('XDEL', stream, entry_id)
+        elseif idle >= visibility_ms(r) then
+          rcall('XACK', stream, group, entry_id)
+          rcall('XDEL', stream, entry_id)
+          local outcome = retry_or_bury(tag, bkey, run_id, r, {
+            now = now, defaults = defaults, error = 'lease expired after ' .. idle .. ' ms',
+            reason = 'lease_expired', permanent = false, delay_ms = nil, rand = next_rand(),
+            bucket_ms = bucket_ms, events_key = events_key, event_cap = event_cap,
+          })
+          if outcome == 'retry' then
+            retried = retried + 1
+          else
+            buried = buried + 1
+          end
+        end
+      end
+    end
+  end
+end
+return { retried, buried, examined }

@@ -1,0 +1,36 @@
+--[[ replay_dead: move a dead-lettered run back into the wheel, due now, attempt reset.
+  KEYS[1] dead    STREAM tag..'dead:'..tenant (the tag is KEYS[1] up to '}:')
+  KEYS[2] events  STREAM tag..'events'
+  ARGV[1] run_id   ARGV[2] tenant   ARGV[3] bucket_ms   ARGV[4] now_ms override ('' = TIME)
+  ARGV[5] event log cap   ARGV[6] wake channel ('' = none)   ARGV[7] shard number
+  Derived keys (same tag): t:<xy>, meta, near:<tenant>, due, w:<bucket>, wheel.
+  Returns: {1, due_ms}   scheduled again; its next dispatch says attempt 1
+  Errors:  {-1} NOT_FOUND: no dead-lettered run with this id for this tenant. ]]
+local rcall = redis.call
+local dead_key, events_key = KEYS[1], KEYS[2]
+local run_id, tenant, bucket_ms, now_override = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
+local event_cap, wake_channel, shard = ARGV[5], ARGV[6], ARGV[7]
+local tag = string.match(dead_key, '^(.-}:)')
+
+--!include lib/record.lua
+--!include lib/clock.lua
+--!include lib/wheel.lua
+--!include lib/events.lua
+
+local bkey = body_key(tag, run_id)
+local r = record_load(bkey, run_id)
+if r == nil or r[R_TENANT] ~= tenant or r[R_STATE] ~= ST_DEAD then
+  return { -1 }
+end
+local now = clock_now_ms(now_override)
+if r[R_DEAD] then
+  rcall('XDEL', dead_key, r[R_DEAD])
+end
+r[R_STATE], r[R_ATTEMPT], r[R_DUE], r[R_UPDATED], r[R_DEAD] = ST_SCHEDULED, 0, now, now, nil
+local wake = wheel_place(tag, tag .. 'meta', run_id, tenant, now, bucket_ms)
+record_save(bkey, run_id, r)
+event_emit(events_key, event_cap, 'e', 'replayed', 'id', run_id, 'tenant', tenant, 'at', now)
+if wake == 1 and wake_channel ~= '' then
+  rcall('PUBLISH', wake_channel, shard)
+end
+return { 1, now }
