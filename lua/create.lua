@@ -25,14 +25,6 @@ local tag = string.sub(meta_key, 1, -5)
 --!include lib/wheel.lua
 --!include lib/events.lua
 
-local existing, raw = record_load(body_key_, run_id)
-if existing then
-  if idempotent and existing[R_TENANT] == tenant then
-    return { 0, raw }
-  end
-  return redis.error_reply('ERR timewheel: run id collision ' .. run_id)
-end
-
 local now = clock_now_ms(now_override)
 local due_ms
 if run_at ~= '' then
@@ -44,11 +36,21 @@ if opts == '' then
   opts = nil
 end
 
+-- HSETNX is the existence check and the write in one call (the common case).
+local record = record_pack({ ST_SCHEDULED, 0, due_ms, tenant, queue, now, payload, opts,
+  nil, nil, nil, nil })
+if rcall('HSETNX', body_key_, run_id, record) == 0 then
+  local existing, raw = record_load(body_key_, run_id)
+  if idempotent and existing[R_TENANT] == tenant then
+    return { 0, raw }
+  end
+  return redis.error_reply('ERR timewheel: run id collision ' .. run_id)
+end
 local wake = wheel_place(tag, meta_key, run_id, tenant, due_ms, bucket_ms)
-record_save(body_key_, run_id,
-  { ST_SCHEDULED, 0, due_ms, tenant, queue, now, payload, opts, nil, nil, nil, nil })
+-- No payload in the event: the log stays small (it is capped by entries, not bytes), and
+-- whoever needs the payload of a pending run reads it from the record.
 event_emit(events_key, event_cap, 'e', 'created', 'id', run_id, 'tenant', tenant,
-  'queue', queue, 'due_ms', due_ms, 'at', now, 'payload', payload, 'opts', opts or '')
+  'queue', queue, 'due_ms', due_ms, 'at', now)
 if wake == 1 and wake_channel ~= '' then
   rcall('PUBLISH', wake_channel, shard)
 end

@@ -48,7 +48,7 @@ end
 r[R_UPDATED] = now
 local raw = record_save(body_key_, run_id, r)
 event_emit(events_key, event_cap, 'e', 'updated', 'id', run_id, 'tenant', tenant, 'at', now,
-  'due_ms', due_ms, 'payload', r[R_PAYLOAD])
+  'due_ms', due_ms)
 if wake == 1 and wake_channel ~= '' then
   rcall('PUBLISH', wake_channel, shard)
 end

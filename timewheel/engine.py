@@ -23,6 +23,7 @@ from timewheel import ids, record
 from timewheel.config import Settings
 from timewheel.errors import (
     ConfigError,
+    LeaseLost,
     PayloadTooLarge,
     RedisUnavailable,
     TaskNotFound,
@@ -354,12 +355,36 @@ class Engine:
         epoch: int | str = "",
     ) -> TickResult:
         """Dispatch up to `limit` due runs of one shard. Raises LeaseLost when fenced out."""
+        reply = await self.call(*self._tick_call(shard, limit, now_ms, node, epoch))
+        return self._ticked(shard, reply)
+
+    async def tick_many(
+        self, shards: Sequence[tuple[int, int | str]], *, node: str = ""
+    ) -> list[TickResult | LeaseLost]:
+        """Tick several shards, given as (shard, epoch), in one pipeline (one per node on
+        Cluster). A shard whose lease is lost answers LeaseLost in its place."""
+        replies = await self._pipeline(
+            [self._tick_call(shard, None, None, node, epoch) for shard, epoch in shards]
+        )
+        out: list[TickResult | LeaseLost] = []
+        for (shard, _), reply in zip(shards, replies, strict=True):
+            try:
+                out.append(self._ticked(shard, reply))
+            except LeaseLost as lost:
+                out.append(lost)
+        return out
+
+    def _tick_call(
+        self, shard: int, limit: int | None, now_ms: int | None, node: str, epoch: int | str
+    ) -> tuple[Script, list[str], list[ScriptArg]]:
         k, s = self.keys, self.settings
-        reply = await self.call(
+        return (
             self.scripts.tick,
             [k.meta(shard), k.due(shard), k.events(shard)],
             [limit or s.tick_batch, _arg(now_ms), node, epoch, s.event_log_max],
         )
+
+    def _ticked(self, shard: int, reply: list[Any]) -> TickResult:
         check(reply, action="tick", shard=shard)
         return TickResult(
             shard=shard,

@@ -10,7 +10,10 @@ LAG_BUCKETS_S = (0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
 
 
 class SchedulerMetrics:
-    """Counters and histograms a scheduler updates once per tick call, never per run."""
+    """A scheduler node's metrics, updated from each tick's reply (no Redis round trips).
+
+    The lag histogram takes one observation per dispatched run, about 1 us of CPU each.
+    """
 
     def __init__(self, registry: CollectorRegistry | None = None):
         self.registry = registry or CollectorRegistry()
@@ -32,7 +35,7 @@ class SchedulerMetrics:
         )
         self.tick_seconds = Histogram(
             "timewheel_tick_duration_seconds",
-            "Round trip of one tick call.",
+            "Round trip of one tick call (a pass's pipeline divided by its shards).",
             registry=r,
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
         )

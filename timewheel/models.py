@@ -36,7 +36,9 @@ class Task:
     """When the run is (or was) due, epoch ms."""
     created_ms: int
     updated_ms: int | None
-    """Last state change (dispatch, finish, update), epoch ms."""
+    """Last change by a client or an outcome (update, cancel, ack, fail), epoch ms. A
+    dispatch leaves it alone (the tick patches only state and attempt); the run
+    history and the envelope's dispatched_ms say when it went out."""
     payload_json: str
     """The payload exactly as the client sent it, as JSON text."""
     options: dict[str, JSONValue] = field(default_factory=dict)

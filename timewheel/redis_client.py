@@ -13,6 +13,10 @@ from timewheel.errors import ConfigError, RedisUnavailable
 
 RedisClient: TypeAlias = "aioredis.Redis | RedisCluster"
 
+SOCKET_TIMEOUT_S = 30.0
+"""A pass's pipeline can hold seconds of Lua work after downtime (and an fsync stall on
+top): redis-py's 5 s default would time out a call that is in fact running."""
+
 
 async def connect(url: str, *, max_connections: int = 64) -> RedisClient:
     """A client for `url`; a node with cluster mode enabled gets a cluster client.
@@ -40,12 +44,13 @@ async def connect(url: str, *, max_connections: int = 64) -> RedisClient:
             password=unquote(parts.password) if parts.password else None,
             ssl=parts.scheme == "rediss",
             max_connections=max_connections * 4,  # per node
+            socket_timeout=SOCKET_TIMEOUT_S,
         )
         await cluster.initialize()
         return cluster
     # A blocking pool: more concurrent calls than connections wait for one, not fail.
     pool = aioredis.BlockingConnectionPool.from_url(
-        url, max_connections=max_connections, timeout=30
+        url, max_connections=max_connections, timeout=30, socket_timeout=SOCKET_TIMEOUT_S
     )
     return aioredis.Redis.from_pool(pool)  # owns the pool: aclose() closes its sockets
 

@@ -17,20 +17,25 @@ end
 local function wheel_place(tag, meta, run_id, tenant, due_ms, bucket_ms)
   if due_ms < wheel_promoted_until(meta) then
     local due_key = tag .. 'due'
-    local first = redis.call('ZRANGE', due_key, 0, 0, 'WITHSCORES')
     redis.call('ZADD', tag .. 'near:' .. tenant, due_ms, run_id)
-    redis.call('ZADD', due_key, 'LT', due_ms, tenant)
-    if first[2] == nil or due_ms < tonumber(first[2]) then
+    -- CH counts a new tenant or an earlier earliest: only then can this run be the
+    -- shard's earliest, so the common case skips the lookup below.
+    if redis.call('ZADD', due_key, 'LT', 'CH', due_ms, tenant) == 0 then
+      return 0
+    end
+    local first = redis.call('ZRANGE', due_key, 0, 0, 'WITHSCORES')
+    if first[1] == tenant and tonumber(first[2]) == due_ms then
       return 1
     end
     return 0
   end
   local bucket = due_ms - (due_ms % bucket_ms)
   local wheel = tag .. 'wheel'
-  local first = redis.call('ZRANGE', wheel, 0, 0, 'WITHSCORES')
   redis.call('HSET', tag .. 'w:' .. bucket, run_id, '')
-  redis.call('ZADD', wheel, bucket, bucket)
-  if first[2] == nil or bucket < tonumber(first[2]) then
+  if redis.call('ZADD', wheel, bucket, bucket) == 0 then
+    return 0  -- the bucket was there already, so it is not a new earliest
+  end
+  if tonumber(redis.call('ZRANGE', wheel, 0, 0)[1]) == bucket then
     return 1
   end
   return 0
