@@ -102,28 +102,29 @@ local function dispatch(tenant, run_id)
 end
 
 -- Serve up to n due runs of one tenant; returns near entries consumed, runs dispatched.
-local per_tenant = {}
+-- All runs of the call go into one 'dispatched' event (runs = 'id:attempt,...'): one
+-- XADD per tick instead of one per tenant served.
+local per_tenant, runs = {}, {}
 local function serve(tenant, n)
   local near = tag .. 'near:' .. tenant
   local ids = rcall('ZRANGE', near, '-inf', now, 'BYSCORE', 'LIMIT', 0, n)
   if #ids == 0 then
     return 0, 0
   end
-  local runs = {}
+  local sent = 0
   for i = 1, #ids do
     local done = dispatch(tenant, ids[i])
     if done then
       runs[#runs + 1] = done
+      sent = sent + 1
     end
   end
   -- ids are the lowest-scored members, so they are exactly ranks 0 .. #ids-1.
   rcall('ZREMRANGEBYRANK', near, 0, #ids - 1)
-  if #runs > 0 then
-    event_emit(events_key, event_cap, 'e', 'dispatched', 'tenant', tenant, 'at', now,
-      'node', node, 'epoch', epoch, 'runs', table.concat(runs, ','))
-    per_tenant[tenant] = (per_tenant[tenant] or 0) + #runs
+  if sent > 0 then
+    per_tenant[tenant] = (per_tenant[tenant] or 0) + sent
   end
-  return #ids, #runs
+  return #ids, sent
 end
 
 local tenants = rcall('ZRANGE', due_key, '-inf', now, 'BYSCORE', 'LIMIT', 0, limit)
@@ -160,6 +161,10 @@ for i = 1, #tenants do
 end
 if #tenants > 0 then
   rcall('HSET', meta_key, 'hwm', now)
+end
+if #runs > 0 then
+  event_emit(events_key, event_cap, 'e', 'dispatched', 'at', now, 'node', node,
+    'epoch', epoch, 'runs', table.concat(runs, ','))
 end
 
 local counts = {}

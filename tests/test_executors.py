@@ -339,10 +339,11 @@ async def test_streams_stay_bounded_over_100000_acked_runs(standalone_url: str) 
 
     try:
         async with running_scheduler(engine):
-            for _ in range(20):
-                await engine.create_many([NewTask(tenant="bulk", delay_ms=0)] * 5000)
             stop = asyncio.Event()
             task = asyncio.create_task(worker.run(noop, stop))
+            for _ in range(20):  # created while the worker consumes
+                await engine.create_many([NewTask(tenant="bulk", delay_ms=0)] * 5000)
+                longest = max(longest, sum([await engine.client.xlen(s) for s in worker.streams]))
             deadline = time.monotonic() + 90
             while worker.handled < 100_000:
                 assert time.monotonic() < deadline, f"only {worker.handled} handled"

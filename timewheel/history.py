@@ -41,7 +41,9 @@ async def run_history(engine: Engine, tenant: str, run_id: str) -> list[RunEvent
     needle = run_id.encode()
     out: list[RunEvent] = []
     for _, f in entries:
-        if f.get(b"tenant") != tenant.encode():
+        # A dispatched event lists runs of several tenants and names none; the run's
+        # other events name its tenant, and a run id is one tenant's (checked below).
+        if b"tenant" in f and f[b"tenant"] != tenant.encode():
             continue
         kind = f[b"e"].decode()
         attempt: int | None = int(f[b"attempt"]) if b"attempt" in f else None
@@ -65,4 +67,6 @@ async def run_history(engine: Engine, tenant: str, run_id: str) -> list[RunEvent
                 node=f[b"node"].decode() if f.get(b"node") else None,
             )
         )
+    if not any(e.kind != "dispatched" for e in out):
+        return []  # only dispatches left in the log: the tenant cannot be told, show none
     return out
