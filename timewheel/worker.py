@@ -257,11 +257,14 @@ class Worker:
         try:
             while not stop.is_set():
                 free = self.concurrency - len(in_flight)
-                if free == 0:
+                if free <= 0:
                     await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
                     continue
+                # COUNT applies per stream: share the free slots between the streams (a
+                # read may still overshoot a little; those runs are ours, so they run).
+                per_stream = -(-free // len(self.streams))
                 try:
-                    deliveries = await self.read(count=free, block_ms=200)
+                    deliveries = await self.read(count=per_stream, block_ms=200)
                 except RedisUnavailable as exc:
                     log.warning("read_failed", error=str(exc))
                     await asyncio.sleep(0.5)
