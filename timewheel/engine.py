@@ -15,7 +15,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import hiredis
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 
@@ -31,6 +30,7 @@ from timewheel.errors import (
 )
 from timewheel.keys import Keys
 from timewheel.models import CreateResult, Delivery, JSONValue, PromoteResult, Task, TickResult
+from timewheel.pipeline import ScriptCall, run_pipeline
 from timewheel.redis_client import RedisClient, connect
 from timewheel.scripts import Script, ScriptArg, Scripts, check
 
@@ -204,70 +204,8 @@ class Engine:
         replies = await self._pipeline([(p[0], p[1], p[2]) for p in prepared])
         return [self._created(p[3], reply) for p, reply in zip(prepared, replies, strict=True)]
 
-    async def _pipeline(self, calls: list[tuple[Script, list[str], list[ScriptArg]]]) -> list[Any]:
-        """Run script calls in one pipeline; a NOSCRIPT (after a restart) loads and resends.
-
-        Pipelines are not transactions: a call that failed with NOSCRIPT did not run, so
-        resending it alone is safe; every other call ran exactly once.
-        """
-        replies: list[Any] = [None] * len(calls)
-        todo = list(range(len(calls)))
-        for attempt in range(2):
-            commands = [
-                ("EVALSHA", calls[i][0].sha, len(calls[i][1]), *calls[i][1], *calls[i][2])
-                for i in todo
-            ]
-            try:
-                if isinstance(self.client, RedisCluster):
-                    pipe = self.client.pipeline(transaction=False)
-                    for command in commands:
-                        pipe.execute_command(*command)
-                    results = await pipe.execute(raise_on_error=False)
-                else:
-                    results = await self._send_packed(commands)
-            except (RedisError, OSError) as exc:
-                raise RedisUnavailable(f"pipeline failed: {exc}") from exc
-            missing: list[int] = []
-            for i, result in zip(todo, results, strict=True):
-                if isinstance(result, NoScriptError) and attempt == 0:
-                    missing.append(i)
-                elif isinstance(result, Exception):
-                    raise RedisUnavailable(f"{calls[i][0].name} failed: {result}") from result
-                else:
-                    replies[i] = result
-            if not missing:
-                break
-            for script in {calls[i][0].sha: calls[i][0] for i in missing}.values():
-                await script.load_everywhere(self.client)
-            todo = missing
-        return replies
-
-    async def _send_packed(self, commands: list[tuple[Any, ...]]) -> list[Any]:
-        """Pipeline on one standalone connection, packed by hiredis.
-
-        redis-py packs each command in Python (about 50 us for a create's 19 arguments
-        here, more than Redis spends running it); hiredis packs the same bytes in C.
-        Replies come back in order; error replies are returned, not raised.
-        """
-        assert not isinstance(self.client, RedisCluster)
-        pool = self.client.connection_pool
-        conn = await pool.get_connection()  # type: ignore[no-untyped-call]
-        try:
-            await conn.send_packed_command(
-                b"".join(hiredis.pack_command(c) for c in commands), check_health=False
-            )
-            results: list[Any] = []
-            for _ in commands:
-                try:
-                    results.append(await conn.read_response())
-                except ResponseError as exc:
-                    results.append(exc)
-            return results
-        except BaseException:
-            await conn.disconnect()  # replies may be left unread: never reuse it
-            raise
-        finally:
-            await pool.release(conn)
+    async def _pipeline(self, calls: list[ScriptCall]) -> list[Any]:
+        return await run_pipeline(self.client, calls)
 
     # -- read, cancel, update -------------------------------------------------------
 
