@@ -12,6 +12,7 @@ import pytest
 from tests.test_engine import prime, tick_all
 from timewheel.api import create_app
 from timewheel.engine import Engine
+from timewheel.worker import Worker
 
 
 @pytest.fixture
@@ -194,3 +195,86 @@ async def test_bad_patch_and_tenant_input(client: httpx.AsyncClient) -> None:
 async def test_health_endpoints(client: httpx.AsyncClient) -> None:
     assert (await client.get("/healthz")).json() == {"status": "ok"}
     assert (await client.get("/readyz")).json() == {"status": "ready"}
+
+
+async def test_batch_create_answers_per_item(client: httpx.AsyncClient) -> None:
+    tasks: list[object] = [
+        {"delay": 60, "payload": {"n": 1}},
+        {"delay": 60, "idempotency_key": "dup"},
+        {"delay": 60, "idempotency_key": "dup"},
+        {"run_at": "not a time"},
+        {"delay": 1, "payload": "x" * 70_000},
+        "not an object",
+    ]
+    resp = await client.post("/v1/tasks/batch", json={"tasks": tasks})
+    assert resp.status_code == 200, resp.text
+    results = resp.json()["results"]
+    assert [r["status"] for r in results] == [201, 201, 200, 422, 413, 422]
+    assert results[1]["task"]["id"] == results[2]["task"]["id"]
+    assert results[3]["error"]["field"] == "run_at"
+    assert results[5]["error"]["field"] == "tasks[5]"
+    got = await client.get(f"/v1/tasks/{results[0]['task']['id']}")
+    assert got.json()["payload"] == {"n": 1}
+    assert_error(await client.post("/v1/tasks/batch", json={"tasks": []}), 422, "invalid", "tasks")
+    too_many = {"tasks": [{"delay": 1}] * 1001}
+    assert_error(await client.post("/v1/tasks/batch", json=too_many), 422, "invalid", "tasks")
+
+
+async def test_run_history_and_dead_letters_over_http(
+    client: httpx.AsyncClient, standalone_engine: Engine
+) -> None:
+    now = int(datetime.now(UTC).timestamp() * 1000)
+    await prime(standalone_engine, now)
+    task = (
+        await client.post(
+            "/v1/tasks", json={"delay": 0, "payload": {"k": "v"}, "retry": {"max_attempts": 1}}
+        )
+    ).json()
+    assert await tick_all(standalone_engine, now + 1000) == 1
+    worker = Worker(standalone_engine, "default", "default")
+    [delivery] = await worker.read(block_ms=100)
+    assert await worker.fail(delivery, "ValueError: nope") == "dead"
+    runs = (await client.get(f"/v1/tasks/{task['id']}/runs")).json()
+    assert [e["event"] for e in runs["events"]] == ["created", "dispatched", "dead"]
+    assert runs["events"][2]["error"] == "ValueError: nope"
+    page = (await client.get("/v1/dead-letters?limit=10")).json()
+    assert [d["run_id"] for d in page["items"]] == [task["id"]] and page["next_cursor"] is None
+    assert page["items"][0]["payload"] == {"k": "v"} and page["items"][0]["reason"] == "failed"
+    other = {"X-Timewheel-Tenant": "globex"}
+    assert (await client.get("/v1/dead-letters", headers=other)).json()["items"] == []
+    assert_error(
+        await client.post(f"/v1/dead-letters/{task['id']}/replay", headers=other), 404, "not_found"
+    )
+    assert_error(await client.get(f"/v1/tasks/{task['id']}/runs", headers=other), 404, "not_found")
+    replayed = await client.post(f"/v1/dead-letters/{task['id']}/replay")
+    assert replayed.status_code == 200 and replayed.json()["state"] == "scheduled"
+    assert (await client.get("/v1/dead-letters")).json()["items"] == []
+    assert_error(await client.delete(f"/v1/dead-letters/{task['id']}"), 404, "not_found")
+    assert_error(await client.get("/v1/dead-letters?limit=0"), 422, "invalid", "limit")
+    assert_error(await client.get("/v1/dead-letters?cursor=abc"), 422, "invalid", "cursor")
+
+
+async def test_dead_letter_pages_and_purge(
+    client: httpx.AsyncClient, standalone_engine: Engine
+) -> None:
+    now = int(datetime.now(UTC).timestamp() * 1000)
+    await prime(standalone_engine, now)
+    ids = [(await client.post("/v1/tasks", json={"delay": 0})).json()["id"] for _ in range(5)]
+    assert await tick_all(standalone_engine, now + 1000) == 5
+    worker = Worker(standalone_engine, "default", "default")
+    for delivery in await worker.read(count=10, block_ms=100):
+        await worker.fail(delivery, "gone", permanent=True)
+    seen: list[str] = []
+    cursor = None
+    while True:
+        url = "/v1/dead-letters?limit=2" + (f"&cursor={cursor}" if cursor else "")
+        page = (await client.get(url)).json()
+        seen.extend(d["run_id"] for d in page["items"])
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert sorted(seen) == sorted(ids)
+    purged = await client.delete(f"/v1/dead-letters/{ids[0]}")
+    assert purged.status_code == 200
+    assert_error(await client.get(f"/v1/tasks/{ids[0]}"), 404, "not_found")
+    assert len((await client.get("/v1/dead-letters")).json()["items"]) == 4

@@ -115,6 +115,15 @@ class Engine:
         except (RedisError, OSError):
             return False
 
+    def check_payload(self, payload_json: str) -> None:
+        """Raise PayloadTooLarge if the encoded payload is over the configured limit."""
+        size = len(payload_json.encode())
+        if size > self.settings.max_payload_bytes:
+            raise PayloadTooLarge(
+                f"payload is {size} bytes; the limit is {self.settings.max_payload_bytes}",
+                field="payload",
+            )
+
     # -- placement -----------------------------------------------------------------
 
     def shards_of(self, tenant: str) -> list[int]:
@@ -143,12 +152,7 @@ class Engine:
     def _prepare(self, new: NewTask) -> tuple[Script, list[str], list[ScriptArg], str, int]:
         validate_name(new.tenant, "tenant")
         validate_name(new.queue, "queue")
-        size = len(new.payload_json.encode())
-        if size > self.settings.max_payload_bytes:
-            raise PayloadTooLarge(
-                f"payload is {size} bytes; the limit is {self.settings.max_payload_bytes}",
-                field="payload",
-            )
+        self.check_payload(new.payload_json)
         if (new.run_at_ms is None) == (new.delay_ms is None):
             raise ValidationError("give exactly one of run_at or delay", field="run_at")
         if new.idempotency_key is not None:
@@ -252,14 +256,8 @@ class Engine:
             InvalidState: the task is no longer scheduled.
             PayloadTooLarge: the new payload is over the limit.
         """
-        if (
-            payload_json is not None
-            and len(payload_json.encode()) > self.settings.max_payload_bytes
-        ):
-            raise PayloadTooLarge(
-                f"payload is over the limit of {self.settings.max_payload_bytes} bytes",
-                field="payload",
-            )
+        if payload_json is not None:
+            self.check_payload(payload_json)
         shard = self._locate(task_id)
         k, s = self.keys, self.settings
         reply = await self.call(

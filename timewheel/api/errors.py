@@ -40,16 +40,18 @@ def status_of(exc: TimewheelError) -> int:
     return 500
 
 
+def error_body(exc: TimewheelError) -> dict[str, str | None]:
+    """The {"code", "message", "field"} of an error of ours."""
+    code = "unavailable" if isinstance(exc, RedisUnavailable) else getattr(exc, "code", "error")
+    return {"code": code, "message": str(exc), "field": getattr(exc, "field", None)}
+
+
 async def timewheel_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, TimewheelError)
     status = status_of(exc)
     if status >= 500:
         log.warning("request_failed", path=request.url.path, error=str(exc))
-    field = getattr(exc, "field", None)
-    code = getattr(exc, "code", "error")
-    if isinstance(exc, RedisUnavailable):
-        code = "unavailable"
-    return error_response(status, code, str(exc), field)
+    return JSONResponse({"error": error_body(exc)}, status_code=status)
 
 
 async def http_error(request: Request, exc: Exception) -> Response:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
@@ -157,6 +159,29 @@ def parse_create(
         idempotency_key=key,
         options=_options(body),
     )
+
+
+MAX_BATCH = 1000
+
+
+def parse_batch(body: dict[str, Any]) -> list[Any]:
+    """The items of a batch create: {"tasks": [create body, ...]} with 1..MAX_BATCH items."""
+    _unknown(body, {"tasks"})
+    tasks = body.get("tasks")
+    if not isinstance(tasks, list) or not 1 <= len(tasks) <= MAX_BATCH:
+        raise ValidationError(f"tasks must be a list of 1..{MAX_BATCH} task objects", field="tasks")
+    return tasks
+
+
+def parse_page(query: Mapping[str, str]) -> tuple[int, str | None]:
+    """(limit, cursor) of a list request: limit 1..1000 (default 100)."""
+    raw = query.get("limit", "100")
+    if not raw.isdigit() or not 1 <= int(raw) <= 1000:
+        raise ValidationError("limit must be an integer 1..1000", field="limit")
+    cursor = query.get("cursor") or None
+    if cursor is not None and not re.fullmatch(r"\d{1,4}-\d{1,20}-\d{1,20}", cursor):
+        raise ValidationError("cursor is not one this API gave out", field="cursor")
+    return int(raw), cursor
 
 
 def parse_patch(body: dict[str, Any]) -> tuple[int | None, int | None, str | None]:
