@@ -5,7 +5,8 @@
   ARGV[1] node ('' = unfenced)   ARGV[2] epoch   ARGV[3] min_idle_ms: the shortest
           visibility timeout allowed (entries idle less are never expired)
   ARGV[4] default visibility timeout ms   ARGV[5] limit: most pending entries examined
-          per stream (<= 1000: XPENDING and XRANGE stay short)
+          per stream and call (<= 1000: XPENDING and XRANGE stay short); a stream with
+          more is examined across calls from a cursor in meta ('reap:<group>|<stream>')
   ARGV[6] rand seed in [0, 1)   ARGV[7] retry defaults JSON   ARGV[8] bucket_ms
   ARGV[9] now_ms override ('' = TIME)   ARGV[10] event log cap
   Derived keys (same tag): the streams named in KEYS[2], t:<xy>, near:<tenant>, due,
@@ -58,7 +59,20 @@ local retried, buried, examined = 0, 0, 0
 for _, member in ipairs(rcall('SMEMBERS', groups_key)) do
   local group, stream = string.match(member, '^([^|]+)|(.+)$')
   if group and rcall('EXISTS', stream) == 1 then
-    local pending = rcall('XPENDING', stream, group, 'IDLE', min_idle, '-', '+', limit)
+    -- Resume after the last entry examined (meta field 'reap:<member>'): entries idle
+    -- past min_idle but inside their own longer timeout cannot hide later ones.
+    local cursor_field = 'reap:' .. member
+    local after = rcall('HGET', meta_key, cursor_field)
+    local start = '-'
+    if after then
+      start = '(' .. after
+    end
+    local pending = rcall('XPENDING', stream, group, 'IDLE', min_idle, start, '+', limit)
+    if #pending < limit then
+      rcall('HDEL', meta_key, cursor_field)
+    else
+      rcall('HSET', meta_key, cursor_field, pending[#pending][1])
+    end
     for _, p in ipairs(pending) do
       examined = examined + 1
       local entry_id, idle = p[1], tonumber(p[3])

@@ -358,3 +358,32 @@ async def test_streams_stay_bounded_over_100000_acked_runs(standalone_url: str) 
         assert longest < 100_000  # it never held the whole run count
     finally:
         await engine.close()
+
+
+async def test_reaper_pages_past_entries_with_longer_timeouts(fast: Engine) -> None:
+    """Entries idle past the minimum but inside their own long timeout do not hide others."""
+    await prime(fast, NOW)
+    patient = [
+        await fast.create(
+            NewTask(tenant="acme", run_at_ms=NOW, options={"visibility_timeout_s": 3600}),
+            now_ms=NOW,
+        )
+        for _ in range(600)
+    ]
+    # Due a millisecond later, so it is dispatched last: the 601st pending entry.
+    hasty = await fast.create(
+        NewTask(tenant="acme", run_at_ms=NOW + 1, options={"visibility_timeout_s": 0.2}), now_ms=NOW
+    )
+    shard = fast.shards_of("acme")[0]
+    while (await fast.tick(shard, now_ms=NOW + 1, limit=1000)).dispatched:
+        pass
+    worker = Worker(fast, "acme", "default", consumer="sleepy")
+    got = await worker.read(count=1000, block_ms=100)
+    assert len(got) == 601
+    await asyncio.sleep(0.3)
+    retried = 0
+    for _ in range(3):  # 500 entries examined per call: the hasty one is in the 2nd page
+        retried += (await fast.reap(shard))[0]
+    assert retried == 1
+    assert (await fast.get("acme", hasty.task_id)).state == "scheduled"
+    assert {(await fast.get("acme", p.task_id)).state for p in patient[:5]} == {"dispatched"}
