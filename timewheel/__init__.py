@@ -7,6 +7,7 @@ from timewheel.errors import (
     InvalidState,
     LeaseLost,
     PayloadTooLarge,
+    PermanentError,
     RedisUnavailable,
     ScriptError,
     TaskNotFound,
@@ -14,6 +15,7 @@ from timewheel.errors import (
     ValidationError,
 )
 from timewheel.models import CreateResult, Delivery, Task, TickResult
+from timewheel.worker import Retry, Worker, run_worker
 
 __version__ = "0.1.0"
 
@@ -26,7 +28,9 @@ __all__ = [
     "LeaseLost",
     "NewTask",
     "PayloadTooLarge",
+    "PermanentError",
     "RedisUnavailable",
+    "Retry",
     "ScriptError",
     "Settings",
     "Task",
@@ -34,5 +38,7 @@ __all__ = [
     "TickResult",
     "TimewheelError",
     "ValidationError",
+    "Worker",
     "__version__",
+    "run_worker",
 ]
