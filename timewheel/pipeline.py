@@ -6,6 +6,8 @@ connection; on Cluster redis-py's cluster pipeline splits them per node.
 
 from __future__ import annotations
 
+import asyncio
+import math
 from typing import Any, TypeAlias
 
 import hiredis
@@ -14,7 +16,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 from timewheel.errors import RedisUnavailable
-from timewheel.redis_client import RedisClient
+from timewheel.redis_client import SOCKET_TIMEOUT_S, RedisClient
 from timewheel.scripts import Script, ScriptArg
 
 ScriptCall: TypeAlias = tuple[Script, list[str], list[ScriptArg]]
@@ -74,11 +76,14 @@ async def _send_packed(client: aioredis.Redis, commands: list[tuple[Any, ...]]) 
             b"".join(hiredis.pack_command(c) for c in commands), check_health=False
         )
         results: list[Any] = []
-        for _ in commands:
-            try:
-                results.append(await conn.read_response())
-            except ResponseError as exc:
-                results.append(exc)
+        # One deadline for the whole batch: redis-py's per-reply timeout context costs
+        # about 20 us a reply, more than reading the reply.
+        async with asyncio.timeout(SOCKET_TIMEOUT_S):
+            for _ in commands:
+                try:
+                    results.append(await conn.read_response(timeout=math.inf))
+                except ResponseError as exc:
+                    results.append(exc)
         return results
     except BaseException:
         await conn.disconnect()  # replies may be left unread: never reuse it
