@@ -5,7 +5,8 @@
     ├── PermanentError            raised by a handler: the run cannot succeed, dead-letter it
     ├── RedisUnavailable          Redis could not be reached or answered with a server error
     ├── ValidationError           a request field is malformed (HTTP 400/413/422)
-    │   └── PayloadTooLarge       payload over the configured limit (HTTP 413)
+    │   ├── PayloadTooLarge       payload over the configured limit (HTTP 413)
+    │   └── InvalidSchedule       a cron expression, time zone or time window cannot work
     └── ScriptError               a Lua operation returned an expected negative outcome
         ├── TaskNotFound          no such task for this tenant (HTTP 404)
         ├── InvalidState          the task is not in a state that allows the change (HTTP 409)
@@ -51,6 +52,10 @@ class PayloadTooLarge(ValidationError):
     """Raised when a payload's encoded size exceeds the configured limit."""
 
     code = "payload_too_large"
+
+
+class InvalidSchedule(ValidationError):
+    """Raised when a schedule's cron, time zone, interval or start/end cannot work."""
 
 
 class ScriptError(TimewheelError):
