@@ -14,7 +14,8 @@ from typing import Any
 import httpx
 import redis
 
-from timewheel.redis_server import find_free_port
+from timewheel.engine import Engine
+from timewheel.redis_server import RedisServer, find_free_port
 from timewheel.scripts import OPERATIONS
 
 CLI = [sys.executable, "-m", "timewheel.cli"]
@@ -134,3 +135,42 @@ def test_scripts_check_loads_every_script(standalone_url: str) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert f"all {len(OPERATIONS)} scripts load" in done.stdout
+
+
+def test_api_and_scheduler_refuse_a_redis_that_would_lose_tasks(tmp_path: Path) -> None:
+    unsafe = RedisServer(
+        tmp_path / "unsafe", extra_config={"appendonly": "no", "maxmemory-policy": "allkeys-lru"}
+    )
+    (tmp_path / "unsafe").mkdir()
+    with unsafe:
+        for command in ("api", "scheduler"):
+            done = subprocess.run(
+                [*CLI, command, "--redis-url", unsafe.url],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+            assert done.returncode == 2, done.stderr
+            assert "appendonly is 'no'" in done.stderr
+            assert "maxmemory-policy is 'allkeys-lru'" in done.stderr
+            assert "--unsafe-durability" in done.stderr and "Traceback" not in done.stderr
+        node = subprocess.Popen(
+            [*CLI, "scheduler", "--redis-url", unsafe.url, "--unsafe-durability"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        try:
+            deadline = time.monotonic() + 20
+            assert node.stdout is not None
+            while "scheduler_started" not in node.stdout.readline():
+                assert time.monotonic() < deadline and node.poll() is None
+        finally:
+            node.send_signal(signal.SIGTERM)
+            assert node.wait(timeout=20) == 0
+            if node.stdout is not None:
+                node.stdout.close()
+
+
+async def test_a_safe_redis_passes_the_durability_check(engine: Engine) -> None:
+    await engine.check_durability()  # AOF always, noeviction: no error (every primary)

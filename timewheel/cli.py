@@ -37,6 +37,16 @@ def _add_common(p: argparse.ArgumentParser, *, redis_url: bool = True) -> None:
     p.add_argument("--log-json", action="store_true", help="JSON log lines")
 
 
+def _add_unsafe(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--unsafe-durability",
+        action="store_true",
+        default=os.environ.get("TIMEWHEEL_UNSAFE_DURABILITY") == "1",
+        help="start even if Redis has AOF off or may evict keys (acknowledged tasks can be "
+        "lost); env TIMEWHEEL_UNSAFE_DURABILITY=1",
+    )
+
+
 def _add_executor_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tenant", required=True)
     p.add_argument("--queue", default="default")
@@ -116,6 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     api = sub.add_parser("api", help="run the HTTP API")
     api.add_argument("--host", default="127.0.0.1")
     api.add_argument("--port", default=8080, type=int)
+    _add_unsafe(api)
     _add_common(api)
 
     sched = sub.add_parser("scheduler", help="run a scheduler node (any number of them)")
@@ -127,6 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="shard lease TTL; renewed every ttl/4 (default 2000)",
     )
     sched.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+    _add_unsafe(sched)
     sched.add_argument("--host", default="127.0.0.1", help="address of the metrics server")
     _add_common(sched)
 
@@ -187,6 +199,8 @@ async def _run(args: argparse.Namespace, *, api: bool, scheduler: bool) -> None:
         raise ConfigError("--lease-ttl-ms must be at least 100")
     engine = await Engine.connect(_settings(args))
     try:
+        if not args.unsafe_durability:
+            await engine.check_durability()
         await serve(
             engine,
             api=api,

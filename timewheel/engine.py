@@ -109,6 +109,45 @@ class Engine:
                     f"under prefix {self.settings.prefix!r} was created with {have}."
                 )
 
+    async def check_durability(self) -> None:
+        """Refuse a Redis whose settings break the promise that an acknowledged create is
+        never lost: AOF off (a restart loses everything since the last RDB save), or a
+        maxmemory-policy other than noeviction (Redis would evict tasks under pressure).
+        Every primary of a Cluster is checked.
+
+        Raises:
+            ConfigError: a setting breaks the promise, or CONFIG GET is not allowed here.
+        """
+        client = self.client
+        nodes: list[Any] = client.get_primaries() if isinstance(client, RedisCluster) else [None]
+        for node in nodes:
+            where = f"{node.host}:{node.port}" if node is not None else self.settings.redis_url
+            try:
+                if node is None:
+                    found = await client.config_get("appendonly")
+                    found.update(await client.config_get("maxmemory-policy"))
+                else:
+                    found = await client.config_get("appendonly", target_nodes=node)
+                    found.update(await client.config_get("maxmemory-policy", target_nodes=node))
+            except (RedisError, OSError) as exc:
+                raise ConfigError(
+                    f"cannot read the durability settings of Redis at {where} ({exc}); "
+                    "pass --unsafe-durability to run without checking"
+                ) from exc
+            values = {_text(k): _text(v) for k, v in found.items()}
+            problems = []
+            if values.get("appendonly") != "yes":
+                problems.append(f"appendonly is {values.get('appendonly')!r} (need yes)")
+            if values.get("maxmemory-policy") != "noeviction":
+                problems.append(
+                    f"maxmemory-policy is {values.get('maxmemory-policy')!r} (need noeviction)"
+                )
+            if problems:
+                raise ConfigError(
+                    f"Redis at {where} would lose acknowledged tasks: {'; '.join(problems)}. "
+                    "Use deploy/redis.conf, or pass --unsafe-durability to run anyway."
+                )
+
     async def ping(self) -> bool:
         try:
             return bool(await self.client.ping())
@@ -515,6 +554,10 @@ class FailResult:
     """retry | dead | stale"""
     due_ms: int | None = None
     dead_entry: str | None = None
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _arg(value: int | None) -> ScriptArg:
