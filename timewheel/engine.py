@@ -2,8 +2,9 @@
 
 Where a task goes: `create` puts it in its shard's wheel (near level or a far bucket,
 lua/create.lua); `promote` moves far buckets nearer (lua/promote.lua); `tick` moves due
-runs into ready streams (lua/tick.lua); `ack` marks them succeeded (lua/ack.lua);
-`cancel` and `update` change them while still scheduled. Python only reads (`get`).
+runs into ready streams (lua/tick.lua); `cancel` and `update` change them while still
+scheduled; `reap` fails runs whose executor lease expired (lua/reap.lua). The executor
+side, `ack` and `fail`, is in timewheel/outcomes.py. Python only reads (`get`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import NoScriptError, RedisError, ResponseError
+from redis.exceptions import NoScriptError, RedisError
 
 from timewheel import ids, record
 from timewheel.config import Settings
@@ -29,7 +30,8 @@ from timewheel.errors import (
     ValidationError,
 )
 from timewheel.keys import Keys
-from timewheel.models import CreateResult, Delivery, JSONValue, PromoteResult, Task, TickResult
+from timewheel.models import CreateResult, JSONValue, PromoteResult, Task, TickResult
+from timewheel.outcomes import OutcomeOps
 from timewheel.pipeline import ScriptCall, run_pipeline
 from timewheel.redis_client import RedisClient, connect
 from timewheel.scripts import Script, ScriptArg, Scripts, check
@@ -64,7 +66,7 @@ def _opt_int(value: Any) -> int | None:
     return None if value is None or int(value) < 0 else int(value)
 
 
-class Engine:
+class Engine(OutcomeOps):
     """Task operations against one deployment's Redis (standalone or Cluster)."""
 
     def __init__(self, client: RedisClient, settings: Settings, scripts: Scripts | None = None):
@@ -414,112 +416,7 @@ class Engine:
         )
         return int(reply[0]), bool(int(reply[1]))
 
-    # -- executor side --------------------------------------------------------------
-
-    def _ack_call(
-        self, delivery: Delivery, group: str, now_ms: int | None
-    ) -> tuple[Script, list[str], list[ScriptArg]]:
-        shard = self.keys.shard_of_key(delivery.stream)
-        s = self.settings
-        args: list[ScriptArg] = [
-            group,
-            delivery.entry_id,
-            delivery.run_id,
-            delivery.attempt,
-            s.bucket_ms,
-            _arg(now_ms),
-            s.event_log_max,
-        ]
-        return self.scripts.ack, [delivery.stream, self.keys.events(shard)], args
-
-    async def ack(self, delivery: Delivery, group: str, *, now_ms: int | None = None) -> bool:
-        """Acknowledge a delivery: XACK + XDEL, state -> succeeded. False if it was stale."""
-        reply = await self.call(*self._ack_call(delivery, group, now_ms))
-        check(reply, run_id=delivery.run_id, action="ack")
-        return int(reply[0]) == 1
-
-    async def ack_many(self, deliveries: Sequence[Delivery], group: str) -> list[bool]:
-        """Acknowledge many deliveries in one pipeline; each answer as `ack` gives it.
-
-        A run whose record is gone (purged) counts as not acknowledged (False).
-        """
-        replies = await self._pipeline([self._ack_call(d, group, None) for d in deliveries])
-        return [int(r[0]) == 1 for r in replies]
-
-    async def fail(
-        self,
-        delivery: Delivery,
-        group: str,
-        error: str,
-        *,
-        permanent: bool = False,
-        delay_ms: int | None = None,
-        now_ms: int | None = None,
-    ) -> FailResult:
-        """An attempt failed: retry after backoff (or `delay_ms`), or dead-letter.
-
-        Args:
-            delivery: the stream entry the executor got.
-            group: its consumer group.
-            error: what went wrong, kept as last_error and in the dead letter.
-            permanent: dead-letter at once, whatever attempts remain.
-            delay_ms: wait this long instead of the policy's backoff (Retry-After).
-        """
-        shard = self.keys.shard_of_key(delivery.stream)
-        s = self.settings
-        reply = await self.call(
-            self.scripts.fail,
-            [delivery.stream, self.keys.events(shard)],
-            [
-                group,
-                delivery.entry_id,
-                delivery.run_id,
-                delivery.attempt,
-                error[:2000],
-                "1" if permanent else "0",
-                _arg(delay_ms),
-                repr(random.random()),
-                s.retry_defaults_json(),
-                s.bucket_ms,
-                _arg(now_ms),
-                s.event_log_max,
-                self.keys.wake_channel(),
-                shard,
-            ],
-        )
-        check(reply, run_id=delivery.run_id, action="fail")
-        code = int(reply[0])
-        if code == 1:
-            return FailResult("retry", due_ms=int(reply[1]))
-        if code == 2:
-            return FailResult("dead", dead_entry=reply[1].decode())
-        return FailResult("stale")
-
-    async def extend_lease(self, delivery: Delivery, group: str, consumer: str) -> bool:
-        """Reset the entry's idle time (XCLAIM JUSTID by its own consumer): a heartbeat.
-
-        False if the entry is gone (the reaper took it, or it was acknowledged).
-        """
-        try:
-            claimed = await self.client.xclaim(
-                delivery.stream, group, consumer, 0, [delivery.entry_id], justid=True
-            )
-        except (RedisError, OSError) as exc:
-            raise RedisUnavailable(f"heartbeat failed: {exc}") from exc
-        return bool(claimed)
-
-    async def register_group(self, stream: str, group: str) -> None:
-        """Create a consumer group on a ready stream (from its start) and let reapers see it."""
-        shard = self.keys.shard_of_key(stream)
-        try:
-            try:
-                await self.client.xgroup_create(stream, group, id="0", mkstream=True)
-            except ResponseError as exc:
-                if "BUSYGROUP" not in str(exc):
-                    raise
-            await self.client.sadd(self.keys.groups(shard), f"{group}|{stream}")
-        except (RedisError, OSError) as exc:
-            raise RedisUnavailable(f"cannot create group {group!r} on {stream}: {exc}") from exc
+    # -- scheduler side, continued --------------------------------------------------
 
     async def reap(
         self, shard: int, *, node: str = "", epoch: int | str = "", now_ms: int | None = None
@@ -544,16 +441,6 @@ class Engine:
         )
         check(reply, action="reap", shard=shard)
         return int(reply[0]), int(reply[1])
-
-
-@dataclass(frozen=True, slots=True)
-class FailResult:
-    """What a failed attempt led to: a retry at due_ms, a dead letter, or nothing (stale)."""
-
-    outcome: str
-    """retry | dead | stale"""
-    due_ms: int | None = None
-    dead_entry: str | None = None
 
 
 def _text(value: object) -> str:
