@@ -60,6 +60,7 @@ TENANTS = 1000
 QUEUE = "default"
 RESULTS = Path(__file__).resolve().parent / "results" / "memory.json"
 LAYOUT_TIMEOUT_S = 240.0
+"""Per layout at 1M tasks; larger runs get time in proportion (loads go at ~10k/s)."""
 DEFAULT_LISTPACK = {"hash-max-listpack-entries": "128", "hash-max-listpack-value": "64"}
 BASE_CONFIG = {"auto-aof-rewrite-percentage": "0"}
 LENGTH_COMMAND = {
@@ -449,7 +450,8 @@ def run_layout(layout: Layout, args: argparse.Namespace, root: Path) -> dict[str
     server = RedisServer(data_dir, port=0, appendfsync="everysec", extra_config=config)
     try:
         server.start()
-        raw = asyncio.run(asyncio.wait_for(measure(server.url, layout, args), LAYOUT_TIMEOUT_S))
+        timeout_s = LAYOUT_TIMEOUT_S * max(1.0, args.tasks / 1_000_000)
+        raw = asyncio.run(asyncio.wait_for(measure(server.url, layout, args), timeout_s))
         raw["config"] = public_config(server)
     finally:
         server.stop()
