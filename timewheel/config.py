@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from typing import Any
 
 from timewheel.errors import ConfigError
@@ -119,9 +119,6 @@ class Settings:
                 values[f.name] = raw
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
-
-    def with_(self, **changes: Any) -> Settings:
-        return replace(self, **changes)
 
     def retry_defaults_json(self) -> str:
         """The deployment's retry policy as the Lua scripts take it (seconds, as in tasks)."""

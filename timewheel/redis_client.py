@@ -53,15 +53,3 @@ async def connect(url: str, *, max_connections: int = 64) -> RedisClient:
         url, max_connections=max_connections, timeout=30, socket_timeout=SOCKET_TIMEOUT_S
     )
     return aioredis.Redis.from_pool(pool)  # owns the pool: aclose() closes its sockets
-
-
-async def redis_version(client: RedisClient) -> tuple[int, ...]:
-    """The server's version as a tuple (the first node's, on Cluster)."""
-    info = await client.info("server")
-    if isinstance(client, RedisCluster):
-        info = (
-            next(iter(info.values()))
-            if info and isinstance(next(iter(info.values())), dict)
-            else info
-        )
-    return tuple(int(p) for p in str(info["redis_version"]).split(".")[:3])

@@ -72,7 +72,6 @@ class Scheduler:
         self.engine = engine
         self.node = node or ""
         self.leases = Leases(engine, node, lease_ttl_ms) if node else None
-        self.lease_ttl_ms = lease_ttl_ms
         self.metrics = metrics or SchedulerMetrics()
         self.counters = Counters()
         self.state: dict[int, ShardState] = (
@@ -280,7 +279,8 @@ class Scheduler:
             await self.leases.release(shard, int(st.epoch))
 
     async def _lease_loop(self, stop: asyncio.Event) -> None:
-        interval_s = self.lease_ttl_ms / 4000.0
+        assert self.leases is not None
+        interval_s = self.leases.ttl_ms / 4000.0  # renew at ttl/4
         while not stop.is_set():
             try:
                 await self.lease_round()
