@@ -3,7 +3,8 @@
   KEYS[2] events  STREAM tag..'events'
   ARGV[1] consumer group   ARGV[2] stream entry id   ARGV[3] run_id   ARGV[4] attempt
   ARGV[5] bucket_ms   ARGV[6] now_ms override ('' = TIME)   ARGV[7] event log cap
-  Derived keys (same tag): t:<xy>, x:<bucket>, expiry.
+  Derived keys (same tag): t:<xy>, x:<bucket>, expiry, and for a schedule's run s:<sid>
+  (no longer in flight) and the run it held back, put back in the wheel (meta, near, due).
   Returns: {1}   acknowledged and the run is now succeeded. This includes a late ack of
                  an attempt the reaper had already given up on, while its retry still
                  waits in the wheel: the work is done, so the retry is dropped.
@@ -22,6 +23,7 @@ local tag = string.match(stream_key, '^(.-}:)')
 --!include lib/clock.lua
 --!include lib/wheel.lua
 --!include lib/events.lua
+--!include lib/schedule.lua
 
 rcall('XACK', stream_key, group, entry_id)
 rcall('XDEL', stream_key, entry_id)
@@ -40,6 +42,7 @@ end
 r[R_STATE], r[R_UPDATED] = ST_SUCCEEDED, now
 record_save(bkey, run_id, r)
 wheel_retain(tag, run_id, now, bucket_ms)
+schedule_run_finished(tag, r[R_SCHEDULE], run_id, now, bucket_ms)
 event_emit(events_key, event_cap, 'e', 'acked', 'id', run_id, 'tenant', r[R_TENANT],
   'attempt', attempt, 'at', now)
 return { 1 }

@@ -26,6 +26,7 @@ local tag = string.match(stream_key, '^(.-}:)')
 --!include lib/clock.lua
 --!include lib/wheel.lua
 --!include lib/events.lua
+--!include lib/schedule.lua
 --!include lib/retry.lua
 
 rcall('XACK', stream_key, group, entry_id)

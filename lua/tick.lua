@@ -5,9 +5,11 @@
   ARGV[1] limit: most runs to dispatch in this call (<= 5000: one call blocks Redis
           for about 10 us per run, so 1000 keeps a tick near 10 ms)
   ARGV[2] now_ms override ('' = TIME)   ARGV[3] node ('' = unfenced)   ARGV[4] epoch
-  ARGV[5] event log cap
+  ARGV[5] event log cap   ARGV[6] misfire_ms   ARGV[7] bucket_ms
   Derived keys (same tag): near:<tenant>, t:<xy>, q:<tenant>:<queue>, lease, wheel,
-  dead:<tenant> (a run past its expires_at is dead-lettered, reason expired, not sent).
+  dead:<tenant> (a run past its expires_at is dead-lettered, reason expired, not sent),
+  s:<sid>, sr:<sid>, x:<bucket>, expiry (a schedule's run may be skipped: misfire past
+  misfire_ms under its catchup policy, or overlap; see lib/schedule.lua).
   Returns: {dispatched, next_due_ms, now_ms, clock_back_ms, next_bucket_ms, promoted_until,
            consumed, {tenant, count, ...}, {lag_ms, ...}, backlog}
            next_due_ms / next_bucket_ms are -1 when nothing waits; consumed (near entries
@@ -23,13 +25,14 @@
 local rcall = redis.call
 local meta_key, due_key, events_key = KEYS[1], KEYS[2], KEYS[3]
 local limit, now_override, node, epoch = tonumber(ARGV[1]), ARGV[2], ARGV[3], ARGV[4]
-local event_cap = ARGV[5]
+local event_cap, misfire_ms, bucket_ms = ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7])
 local tag = string.sub(meta_key, 1, -5)
 
 --!include lib/record.lua
 --!include lib/clock.lua
 --!include lib/wheel.lua
 --!include lib/events.lua
+--!include lib/schedule.lua
 --!include lib/retry.lua
 --!include lib/lease.lua
 
@@ -44,6 +47,9 @@ if now < hwm then
   clock_back = hwm - now
   now = hwm
 end
+
+local sched_ctx = { tag = tag, now = now, bucket_ms = bucket_ms, misfire_ms = misfire_ms,
+  events_key = events_key, event_cap = event_cap }
 
 local function first_score(key)
   local first = rcall('ZRANGE', key, 0, 0, 'WITHSCORES')
@@ -67,9 +73,12 @@ local function dispatch(tenant, run_id)
     if expires and now > expires then
       retry_or_bury(tag, bkey, run_id, r, { now = now, defaults = {}, permanent = true,
         error = 'not dispatched before expires_at', reason = 'expired',
-        events_key = events_key, event_cap = event_cap })
+        events_key = events_key, event_cap = event_cap, bucket_ms = bucket_ms })
       return nil
     end
+  end
+  if r[R_SCHEDULE] and not schedule_admit(sched_ctx, bkey, run_id, r) then
+    return nil
   end
   local attempt = r[R_ATTEMPT] + 1
   local stream = tag .. 'q:' .. tenant .. ':' .. r[R_QUEUE]

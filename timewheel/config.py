@@ -61,6 +61,16 @@ class Settings:
     """Shortest visibility timeout a task may ask for; the reaper ignores younger entries."""
     reap_interval_ms: int = 1_000
     """How often a scheduler node looks for expired executor leases in each shard."""
+    misfire_ms: int = 10_000
+    """A schedule's run found later than this (its scheduler was down) is a misfire and
+    follows the schedule's catchup policy; a one-shot task is always sent, however late."""
+    plan_horizon_ms: int = 30_000
+    """How far ahead every active schedule is kept materialized as concrete runs; the
+    planner extends a schedule once its next unplanned fire time is within half of this."""
+    plan_batch: int = 1000
+    """Most fire times one materialize call plans, and most schedules one planner pass reads."""
+    plan_interval_ms: int = 1_000
+    """How often a scheduler node runs the planner over each shard it holds."""
 
     def __post_init__(self) -> None:
         if self.shards < 1 or self.shards > MAX_SHARDS or self.shards & (self.shards - 1):
@@ -77,6 +87,10 @@ class Settings:
             "max_payload_bytes",
             "default_spread",
             "poll_cap_ms",
+            "misfire_ms",
+            "plan_horizon_ms",
+            "plan_batch",
+            "plan_interval_ms",
         ):
             if getattr(self, name) < 1:
                 raise ConfigError(

@@ -34,6 +34,7 @@ from timewheel.models import CreateResult, JSONValue, PromoteResult, Task, TickR
 from timewheel.outcomes import OutcomeOps
 from timewheel.pipeline import ScriptCall, run_pipeline
 from timewheel.redis_client import RedisClient, connect
+from timewheel.schedules import ScheduleOps
 from timewheel.scripts import Script, ScriptArg, Scripts, check
 
 NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -66,7 +67,7 @@ def _opt_int(value: Any) -> int | None:
     return None if value is None or int(value) < 0 else int(value)
 
 
-class Engine(OutcomeOps):
+class Engine(OutcomeOps, ScheduleOps):
     """Task operations against one deployment's Redis (standalone or Cluster)."""
 
     def __init__(self, client: RedisClient, settings: Settings, scripts: Scripts | None = None):
@@ -358,7 +359,15 @@ class Engine(OutcomeOps):
         return (
             self.scripts.tick,
             [k.meta(shard), k.due(shard), k.events(shard)],
-            [limit or s.tick_batch, _arg(now_ms), node, epoch, s.event_log_max],
+            [
+                limit or s.tick_batch,
+                _arg(now_ms),
+                node,
+                epoch,
+                s.event_log_max,
+                s.misfire_ms,
+                s.bucket_ms,
+            ],
         )
 
     def _ticked(self, shard: int, reply: list[Any]) -> TickResult:

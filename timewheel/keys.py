@@ -48,6 +48,18 @@ class Keys:
         """HASH run_id -> record; the bucket is the last two characters of the task id."""
         return self.tag(shard) + "t:" + run_id.split("@", 1)[0][-2:]
 
+    def schedule(self, shard: int, sid: str) -> str:
+        """HASH: a recurring schedule (fields in lua/lib/schedule.lua)."""
+        return f"{self.tag(shard)}s:{sid}"
+
+    def schedule_runs(self, shard: int, sid: str) -> str:
+        """ZSET run_id -> fire ms: a schedule's materialized runs not yet dispatched."""
+        return f"{self.tag(shard)}sr:{sid}"
+
+    def plan(self, shard: int) -> str:
+        """ZSET sid -> next fire time not yet materialized: what the planner extends."""
+        return self.tag(shard) + "plan"
+
     def stream(self, shard: int, tenant: str, queue: str) -> str:
         """STREAM of dispatched runs of one (tenant, queue) in one shard."""
         return f"{self.tag(shard)}q:{tenant}:{queue}"

@@ -39,6 +39,8 @@ class TaskState(IntEnum):
     SUCCEEDED = 2
     CANCELLED = 3
     DEAD = 4
+    SKIPPED = 5
+    """A schedule's run that was not sent: a misfire under its catchup policy, or overlap."""
 
     @property
     def label(self) -> str:
@@ -51,10 +53,17 @@ def decode_fields(raw: bytes) -> list[Any]:
     return values
 
 
+SCHEDULE_RUN_OPTS = ("catchup", "window_ms", "overlap", "next_ms", "origin")
+"""Options the planner copies into a schedule's run for the tick (lua/lib/schedule.lua)."""
+
+
 def decode(run_id: str, raw: bytes) -> Task:
     """A Task from a stored record."""
     v = decode_fields(raw)
     opts = json.loads(v[7]) if v[7] else {}
+    if v[10] is not None:
+        for name in SCHEDULE_RUN_OPTS:
+            opts.pop(name, None)
     return Task(
         id=run_id.split("@", 1)[0],
         run_id=run_id,

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import croniter
+from croniter import CroniterBadDateError, croniter
 
 from timewheel.errors import InvalidSchedule
 
@@ -124,7 +124,8 @@ def fire_times(
         step_ms = round(spec.every_s * 1000)
         origin = spec.start_at_ms or 0
         first = origin + max(0, (low - origin) // step_ms + 1) * step_ms
-        return list(range(first, high + 1, step_ms))[:limit]
+        last = min(high, first + step_ms * (limit - 1))
+        return list(range(first, last + 1, step_ms))
     assert spec.cron is not None
     tz = ZoneInfo(spec.timezone)
     fields = spec.cron.split()
@@ -136,9 +137,31 @@ def fire_times(
     found: set[int] = set()
     horizon = high + 3 * 3_600_000  # local candidates past this cannot land before high
     while len(found) < limit * 2 + 8:
-        naive: datetime = it.get_next(datetime)
+        try:
+            naive: datetime = it.get_next(datetime)
+        except CroniterBadDateError:  # no date matches within croniter's search span
+            break
         instants = _instants(naive, tz, every_hour)
         if _ms(naive.replace(tzinfo=tz, fold=0)) > horizon:
             break
         found.update(m for m in map(_ms, instants) if low < m <= high)
     return sorted(found)[:limit]
+
+
+FAR_FUTURE_MS = 4_102_444_800_000  # 2100-01-01: no fire time is planned past it
+
+
+def next_fire(spec: ScheduleSpec, after_ms: int) -> int | None:
+    """The first fire time after `after_ms`, or None when the schedule has no more."""
+    found = fire_times(spec, after_ms, FAR_FUTURE_MS, 1)
+    return found[0] if found else None
+
+
+def plan_fires(
+    spec: ScheduleSpec, cursor_ms: int, until_ms: int, limit: int
+) -> tuple[list[int], int]:
+    """The fire times after `cursor_ms` up to `until_ms` (at most `limit`), and the one
+    after them (-1 when there is none): what a materialize call takes."""
+    fires = fire_times(spec, cursor_ms, until_ms, limit)
+    after = next_fire(spec, fires[-1] if fires else cursor_ms)
+    return fires, -1 if after is None else after

@@ -46,6 +46,7 @@ class ShardState:
     next_promote_ms: float = 0.0
     next_expire_ms: float = 0.0
     next_reap_ms: float = 0.0
+    next_plan_ms: float = 0.0
 
 
 @dataclass(slots=True)
@@ -55,6 +56,7 @@ class Counters:
     promoted: int = 0
     expired: int = 0
     reaped: int = 0
+    planned: int = 0
     errors: int = 0
 
 
@@ -94,8 +96,12 @@ class Scheduler:
         tick = [s for s, st in owned if st.next_tick_ms <= now]
         expire = [s for s, st in owned if st.next_expire_ms <= now]
         reap = [s for s, st in owned if st.next_reap_ms <= now]
-        self._busy.update(promote, tick, expire, reap)
+        plan = [s for s, st in owned if st.next_plan_ms <= now]
+        self._busy.update(promote, tick, expire, reap, plan)
         try:
+            if plan:
+                # Before the tick: runs a pass materializes may be due at once (catch-up).
+                await asyncio.gather(*(self._plan(s, now) for s in plan))
             if promote:
                 for res in await asyncio.gather(*(self._promote(s) for s in promote)):
                     if isinstance(res, PromoteResult):
@@ -215,6 +221,22 @@ class Scheduler:
             log.info("leases_expired", shard=shard, retried=retried, dead=buried)
             st.next_tick_ms = 0.0  # a retry may be due at once
 
+    async def _plan(self, shard: int, now: float) -> None:
+        st = self.state.get(shard)
+        if st is None:
+            return
+        st.next_plan_ms = now + self.engine.settings.plan_interval_ms
+        try:
+            res = await self.engine.plan(shard, node=self.node, epoch=st.epoch, clock_ms=now)
+        except TimewheelError as exc:
+            self._failed("plan", shard, exc)
+            return
+        self.counters.planned += res.added
+        if res.more:
+            st.next_plan_ms = 0.0
+        if res.added or res.skipped:
+            st.next_tick_ms = 0.0
+
     def _failed(self, op: str, shard: int, exc: TimewheelError) -> None:
         if isinstance(exc, LeaseLost):
             self._drop(shard, "lease_lost", op=op)
@@ -302,7 +324,13 @@ class Scheduler:
     def _sleep_s(self) -> float:
         earliest = min(
             (
-                min(st.next_tick_ms, st.next_promote_ms, st.next_expire_ms, st.next_reap_ms)
+                min(
+                    st.next_tick_ms,
+                    st.next_promote_ms,
+                    st.next_expire_ms,
+                    st.next_reap_ms,
+                    st.next_plan_ms,
+                )
                 for st in self.state.values()
             ),
             default=float("inf"),

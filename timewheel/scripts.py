@@ -42,6 +42,13 @@ OPERATIONS = (
     "lease_renew",
     "lease_release",
     "heartbeat",
+    "schedule_create",
+    "schedule_update",
+    "schedule_pause",
+    "schedule_resume",
+    "schedule_delete",
+    "schedule_add_runs",
+    "materialize",
 )
 _INCLUDE = re.compile(r"^--!include (\S+)\s*$", re.MULTILINE)
 _CODE = re.compile(r"\{(-\d+)[^}]*\}\s+([A-Z_]+)")
@@ -128,6 +135,13 @@ class Scripts:
         self.lease_renew = Script.load("lease_renew")
         self.lease_release = Script.load("lease_release")
         self.heartbeat = Script.load("heartbeat")
+        self.schedule_create = Script.load("schedule_create")
+        self.schedule_update = Script.load("schedule_update")
+        self.schedule_pause = Script.load("schedule_pause")
+        self.schedule_resume = Script.load("schedule_resume")
+        self.schedule_delete = Script.load("schedule_delete")
+        self.schedule_add_runs = Script.load("schedule_add_runs")
+        self.materialize = Script.load("materialize")
 
     def all(self) -> list[Script]:
         return [getattr(self, name) for name in OPERATIONS]

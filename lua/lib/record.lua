@@ -4,6 +4,8 @@
 local R_STATE, R_ATTEMPT, R_DUE, R_TENANT, R_QUEUE, R_CREATED = 1, 2, 3, 4, 5, 6
 local R_PAYLOAD, R_OPTS, R_UPDATED, R_ERROR, R_SCHEDULE, R_DEAD = 7, 8, 9, 10, 11, 12
 local ST_SCHEDULED, ST_DISPATCHED, ST_SUCCEEDED, ST_CANCELLED, ST_DEAD = 0, 1, 2, 3, 4
+-- A schedule's run that was not sent: misfire or overlap (DESIGN.md section 7).
+local ST_SKIPPED = 5
 
 -- The body hash of a run: 't:' plus the last two characters of the task id part of the
 -- run id (before any '@'), so a run is found from its id alone and a shard's bodies

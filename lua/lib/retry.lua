@@ -1,5 +1,5 @@
 -- Retry or bury a run whose attempt failed (fail.lua, reap.lua). Needs lib/record.lua,
--- lib/wheel.lua and lib/events.lua included before it.
+-- lib/wheel.lua, lib/events.lua and lib/schedule.lua included before it.
 --
 -- policy: the task's own retry fields (record opts JSON, key 'retry') over the
 -- deployment defaults (a table with max_attempts, initial_s, factor, max_s, jitter).
@@ -63,6 +63,7 @@ local function retry_or_bury(tag, bkey, run_id, r, ctx)
     'error', ctx.error, 'dead_ms', now, 'due_ms', r[R_DUE], 'payload', r[R_PAYLOAD])
   r[R_STATE], r[R_DEAD] = ST_DEAD, entry
   record_save(bkey, run_id, r)
+  schedule_run_finished(tag, r[R_SCHEDULE], run_id, now, ctx.bucket_ms)
   event_emit(ctx.events_key, ctx.event_cap, 'e', 'dead', 'id', run_id, 'tenant', tenant,
     'attempt', r[R_ATTEMPT], 'at', now, 'reason', ctx.reason, 'error', ctx.error)
   return 'dead', entry

@@ -1,0 +1,234 @@
+-- Recurring schedules (DESIGN.md section 7). Needs lib/record.lua, lib/wheel.lua and
+-- lib/events.lua included before it.
+--
+--   tag..'s:'..sid   HASH  the schedule: tenant queue payload opts spec catchup window_ms
+--                          overlap max_runs state (active|paused|ended) cursor (last fire
+--                          time planned, ms) next_ms (next fire time to plan, -1 = none)
+--                          planned (fire times materialized so far) inflight held last_ms
+--                          created_ms updated_ms paused_ms version
+--   tag..'sr:'..sid  ZSET  run_id -> fire ms: its materialized runs not yet dispatched
+--   tag..'plan'      ZSET  sid -> next_ms: active schedules the planner must extend
+--
+-- A materialized run is an ordinary run (record, wheel entry) with id '<sid>@<fire ms>',
+-- the schedule id in R_SCHEDULE, and the schedule's policies copied into its opts:
+-- catchup, window_ms, overlap, and next_ms (the schedule's next fire time after this
+-- one, which decides 'latest'). Manual and backfilled runs carry origin instead and
+-- are exempt from catchup and overlap.
+
+local function schedule_key(tag, sid)
+  return tag .. 's:' .. sid
+end
+
+-- Whether a run fired at `fire` still runs at `now`, or is skipped as a misfire.
+-- o: catchup, window_ms, next_ms (-1 = no later fire time known to be due).
+local function schedule_runs_late(o, fire, now, misfire_ms)
+  if now - fire <= misfire_ms then
+    return true
+  end
+  if o.catchup == 'all' then
+    return now - fire <= (tonumber(o.window_ms) or 0)
+  end
+  if o.catchup == 'latest' then
+    -- The newest missed fire time runs: the one whose successor is not missed too.
+    local nxt = tonumber(o.next_ms) or -1
+    return nxt < 0 or now - nxt <= misfire_ms
+  end
+  return false  -- skip
+end
+
+-- Record a fire time that will not run: as a skipped record when it was materialized
+-- (bkey and r given), else as an event only.
+local function schedule_skip(ctx, run_id, tenant, fire, reason, bkey, r)
+  if r then
+    r[R_STATE], r[R_UPDATED] = ST_SKIPPED, ctx.now
+    record_save(bkey, run_id, r)
+    wheel_retain(ctx.tag, run_id, ctx.now, ctx.bucket_ms)
+    redis.call('ZREM', ctx.tag .. 'sr:' .. r[R_SCHEDULE], run_id)
+  end
+  event_emit(ctx.events_key, ctx.event_cap, 'e', 'skipped', 'id', run_id, 'tenant', tenant,
+    'at', ctx.now, 'due_ms', fire, 'reason', reason)
+end
+
+-- Materialize fire times `fires` (ascending) of schedule s (a table of its hash fields)
+-- whose next fire time after the last is `after` (-1 = none). A fire time already
+-- missed by more than misfire_ms follows the catchup policy. Materializing an existing
+-- run id is a no-op. Returns runs added, fire times skipped.
+local function schedule_plan(ctx, sid, s, fires, after)
+  local tag = ctx.tag
+  local base = {}
+  if s.opts and s.opts ~= '' then
+    base = cjson.decode(s.opts)
+  end
+  base.catchup, base.window_ms, base.overlap = s.catchup, tonumber(s.window_ms), s.overlap
+  local added, skipped = 0, 0
+  for i = 1, #fires do
+    local fire = fires[i]
+    local nxt = fires[i + 1] or after
+    local run_id = sid .. '@' .. fire
+    base.next_ms = nxt
+    if not schedule_runs_late(base, fire, ctx.now, ctx.misfire_ms) then
+      schedule_skip(ctx, run_id, s.tenant, fire, 'misfire')
+      skipped = skipped + 1
+    else
+      local rec = record_pack({ ST_SCHEDULED, 0, fire, s.tenant, s.queue, ctx.now, s.payload,
+        cjson.encode(base), nil, nil, sid, nil })
+      if redis.call('HSETNX', body_key(tag, run_id), run_id, rec) == 1 then
+        if wheel_place(tag, tag .. 'meta', run_id, s.tenant, fire, ctx.bucket_ms) == 1 then
+          ctx.wake = 1
+        end
+        redis.call('ZADD', tag .. 'sr:' .. sid, fire, run_id)
+        added = added + 1
+      end
+    end
+  end
+  return added, skipped
+end
+
+-- Remove the schedule's materialized runs that are still scheduled (update, pause,
+-- delete). Returns the earliest fire time removed (or nil) and how many were removed.
+local function schedule_drop_pending(tag, sid, bucket_ms)
+  local srkey = tag .. 'sr:' .. sid
+  local earliest, dropped = nil, 0
+  local members = redis.call('ZRANGE', srkey, 0, -1, 'WITHSCORES')
+  for i = 1, #members, 2 do
+    local run_id, fire = members[i], tonumber(members[i + 1])
+    local bkey = body_key(tag, run_id)
+    local r = record_load(bkey, run_id)
+    if r and r[R_STATE] == ST_SCHEDULED and r[R_ATTEMPT] == 0 then
+      wheel_remove(tag, run_id, r[R_TENANT], r[R_DUE], bucket_ms)
+      redis.call('HDEL', bkey, run_id)
+      dropped = dropped + 1
+      if earliest == nil or fire < earliest then
+        earliest = fire
+      end
+    end
+  end
+  redis.call('DEL', srkey)
+  return earliest, dropped
+end
+
+-- A run in flight: dispatched, or back in the wheel for a retry.
+local function schedule_run_live(tag, run_id)
+  local r = record_load(body_key(tag, run_id), run_id)
+  return r ~= nil and (r[R_STATE] == ST_DISPATCHED or (r[R_STATE] == ST_SCHEDULED and
+    r[R_ATTEMPT] > 0))
+end
+
+-- A schedule's run reached a final state (succeeded, dead): it is no longer in flight,
+-- and a run held by overlap buffer_one is released, due now.
+local function schedule_run_finished(tag, sid, run_id, now, bucket_ms)
+  if not sid then
+    return
+  end
+  local skey = schedule_key(tag, sid)
+  if redis.call('HGET', skey, 'inflight') ~= run_id then
+    return
+  end
+  redis.call('HDEL', skey, 'inflight')
+  local held = redis.call('HGET', skey, 'held')
+  if not held then
+    return
+  end
+  redis.call('HDEL', skey, 'held')
+  local hkey = body_key(tag, held)
+  local h = record_load(hkey, held)
+  if h and h[R_STATE] == ST_SCHEDULED then
+    h[R_DUE], h[R_UPDATED] = now, now
+    record_save(hkey, held, h)
+    wheel_place(tag, tag .. 'meta', held, h[R_TENANT], now, bucket_ms)
+  end
+end
+
+-- The tick's checks before a schedule's run goes out. Returns true to dispatch it now;
+-- false when it was skipped (misfire, overlap) or held (overlap buffer_one).
+local function schedule_admit(ctx, bkey, run_id, r)
+  local sid = r[R_SCHEDULE]
+  local o = cjson.decode(r[R_OPTS])
+  if o.origin then
+    return true
+  end
+  if r[R_ATTEMPT] == 0 and not schedule_runs_late(o, r[R_DUE], ctx.now, ctx.misfire_ms) then
+    schedule_skip(ctx, run_id, r[R_TENANT], r[R_DUE], 'misfire', bkey, r)
+    return false
+  end
+  local skey = schedule_key(ctx.tag, sid)
+  if o.overlap == 'skip' or o.overlap == 'buffer_one' then
+    local inflight = redis.call('HGET', skey, 'inflight')
+    if inflight and inflight ~= run_id and schedule_run_live(ctx.tag, inflight) then
+      if o.overlap == 'buffer_one' then
+        local held = redis.call('HGET', skey, 'held')
+        local h = held and record_load(body_key(ctx.tag, held), held)
+        if not h or held == run_id or h[R_STATE] ~= ST_SCHEDULED then
+          -- Held out of the wheel, still scheduled, until the run in flight finishes.
+          redis.call('HSET', skey, 'held', run_id)
+          redis.call('ZREM', ctx.tag .. 'sr:' .. sid, run_id)
+          event_emit(ctx.events_key, ctx.event_cap, 'e', 'held', 'id', run_id, 'tenant',
+            r[R_TENANT], 'at', ctx.now, 'due_ms', r[R_DUE], 'reason', 'overlap')
+          return false
+        end
+      end
+      schedule_skip(ctx, run_id, r[R_TENANT], r[R_DUE], 'overlap', bkey, r)
+      return false
+    end
+    redis.call('HSET', skey, 'inflight', run_id, 'last_ms', r[R_DUE])
+  else
+    redis.call('HSET', skey, 'last_ms', r[R_DUE])
+  end
+  redis.call('ZREM', ctx.tag .. 'sr:' .. sid, run_id)
+  return true
+end
+
+-- The schedule's hash as a table, or nil.
+local function schedule_load(skey)
+  local flat = redis.call('HGETALL', skey)
+  if #flat == 0 then
+    return nil
+  end
+  local s = {}
+  for i = 1, #flat, 2 do
+    s[flat[i]] = flat[i + 1]
+  end
+  return s
+end
+
+-- Parse a comma-separated list of fire times ('' = none).
+local function schedule_fires(list)
+  local out = {}
+  for v in string.gmatch(list, '[^,]+') do
+    out[#out + 1] = tonumber(v)
+  end
+  return out
+end
+
+-- Plan fires into an active schedule and move its cursor: at most max_runs runs in all
+-- (0 = no limit); the schedule ends when no fire time is left (after = -1) or max_runs
+-- is reached, else it waits in the plan index for its next fire time.
+-- Returns runs added, fire times skipped.
+local function schedule_extend(ctx, sid, skey, s, fires, after)
+  local planned, max_runs = tonumber(s.planned) or 0, tonumber(s.max_runs) or 0
+  if max_runs > 0 and #fires > max_runs - planned then
+    local cut = {}
+    for i = 1, math.max(0, max_runs - planned) do
+      cut[i] = fires[i]
+    end
+    if #cut < #fires then
+      after = -1
+    end
+    fires = cut
+  end
+  local added, skipped = schedule_plan(ctx, sid, s, fires, after)
+  planned = planned + added
+  local cursor = s.cursor
+  if #fires > 0 then
+    cursor = fires[#fires]
+  end
+  local state = 'active'
+  if after < 0 or (max_runs > 0 and planned >= max_runs) then
+    state = 'ended'
+    redis.call('ZREM', ctx.tag .. 'plan', sid)
+  else
+    redis.call('ZADD', ctx.tag .. 'plan', after, sid)
+  end
+  redis.call('HSET', skey, 'planned', planned, 'cursor', cursor, 'next_ms', after, 'state', state)
+  return added, skipped
+end

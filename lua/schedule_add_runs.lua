@@ -1,0 +1,66 @@
+--[[ schedule_add_runs: runs asked for by hand: trigger (one run now) or backfill (every
+  fire time of a past range, in order). They are exempt from catchup and overlap.
+  KEYS[1] meta      HASH   tag..'meta' (the tag is KEYS[1] minus 'meta')
+  KEYS[2] schedule  HASH   tag..'s:'..sid
+  KEYS[3] events    STREAM tag..'events'
+  ARGV[1] sid   ARGV[2] tenant   ARGV[3] origin: 'manual' (one run now, run id
+          '<sid>@manual-<now ms>') or 'backfill' (run ids '<sid>@<fire ms>', due at their
+          fire times, so they go out at once, oldest first)
+  ARGV[4] fire times for backfill, ascending, comma-separated   ARGV[5] bucket_ms
+  ARGV[6] now_ms override ('' = TIME)   ARGV[7] event log cap   ARGV[8] wake channel
+  ('' = none)   ARGV[9] shard number
+  Derived keys (same tag): t:<xy>, near:<tenant>, due, w:<bucket>, wheel.
+  Returns: {1, added, existing, first run id}   existing: run ids that were there already
+           (a fire time that ran, or was backfilled, before: not run twice)
+  Errors:  {-1} NOT_FOUND     no such schedule for this tenant ]]
+local rcall = redis.call
+local meta_key, skey, events_key = KEYS[1], KEYS[2], KEYS[3]
+local sid, tenant, origin = ARGV[1], ARGV[2], ARGV[3]
+local bucket_ms = tonumber(ARGV[5])
+local tag = string.sub(meta_key, 1, -5)
+
+--!include lib/record.lua
+--!include lib/clock.lua
+--!include lib/wheel.lua
+--!include lib/events.lua
+--!include lib/schedule.lua
+
+local s = schedule_load(skey)
+if s == nil or s.tenant ~= tenant then
+  return { -1 }
+end
+local now = clock_now_ms(ARGV[6])
+local opts = {}
+if s.opts and s.opts ~= '' then
+  opts = cjson.decode(s.opts)
+end
+opts.origin = origin
+local opts_json = cjson.encode(opts)
+local runs = {}
+if origin == 'manual' then
+  runs[1] = { sid .. '@manual-' .. now, now }
+else
+  for _, fire in ipairs(schedule_fires(ARGV[4])) do
+    runs[#runs + 1] = { sid .. '@' .. fire, fire }
+  end
+end
+local added, existing, wake = 0, 0, 0
+for _, run in ipairs(runs) do
+  local run_id, due = run[1], run[2]
+  local rec = record_pack({ ST_SCHEDULED, 0, due, tenant, s.queue, now, s.payload, opts_json,
+    nil, nil, sid, nil })
+  if rcall('HSETNX', body_key(tag, run_id), run_id, rec) == 1 then
+    if wheel_place(tag, meta_key, run_id, tenant, due, bucket_ms) == 1 then
+      wake = 1
+    end
+    added = added + 1
+  else
+    existing = existing + 1
+  end
+end
+event_emit(events_key, ARGV[7], 'e', origin == 'manual' and 'triggered' or 'backfilled',
+  'id', sid, 'tenant', tenant, 'at', now, 'runs', #runs)
+if wake == 1 and ARGV[8] ~= '' then
+  rcall('PUBLISH', ARGV[8], ARGV[9])
+end
+return { 1, added, existing, runs[1] and runs[1][1] or '' }

@@ -1,0 +1,45 @@
+--[[ schedule_pause: stop a schedule: no more runs are materialized, and its materialized
+  runs not yet dispatched are dropped (runs in flight finish).
+  KEYS[1] meta      HASH   tag..'meta' (the tag is KEYS[1] minus 'meta')
+  KEYS[2] schedule  HASH   tag..'s:'..sid
+  KEYS[3] events    STREAM tag..'events'
+  ARGV[1] sid   ARGV[2] tenant   ARGV[3] bucket_ms   ARGV[4] now_ms override ('' = TIME)
+  ARGV[5] event log cap
+  Derived keys (same tag): sr:<sid>, plan, t:<xy>, near:<tenant>, w:<bucket>, wheel.
+  Returns: {1}   paused (or already paused)
+  Errors:  {-1} NOT_FOUND     no such schedule for this tenant
+           {-2, state}        INVALID_STATE: the schedule has ended
+  The cursor moves back before the earliest dropped run, so resume plans the paused
+  span again and its catchup policy decides what of it runs. ]]
+local rcall = redis.call
+local meta_key, skey, events_key = KEYS[1], KEYS[2], KEYS[3]
+local sid, tenant, bucket_ms = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local tag = string.sub(meta_key, 1, -5)
+
+--!include lib/record.lua
+--!include lib/clock.lua
+--!include lib/wheel.lua
+--!include lib/events.lua
+--!include lib/schedule.lua
+
+local s = schedule_load(skey)
+if s == nil or s.tenant ~= tenant then
+  return { -1 }
+end
+if s.state == 'paused' then
+  return { 1 }
+end
+if s.state == 'ended' then
+  return { -2, s.state }
+end
+local now = clock_now_ms(ARGV[4])
+local earliest, dropped = schedule_drop_pending(tag, sid, bucket_ms)
+if earliest then
+  rcall('HSET', skey, 'cursor', earliest - 1, 'next_ms', earliest)
+end
+rcall('HINCRBY', skey, 'version', 1)
+rcall('HSET', skey, 'state', 'paused', 'paused_ms', now, 'updated_ms', now, 'planned',
+  math.max(0, (tonumber(s.planned) or 0) - dropped))
+rcall('ZREM', tag .. 'plan', sid)
+event_emit(events_key, ARGV[5], 'e', 'schedule_paused', 'id', sid, 'tenant', tenant, 'at', now)
+return { 1 }
