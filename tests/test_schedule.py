@@ -80,7 +80,7 @@ def test_limits_and_windows() -> None:
         ({"cron": "* * *"}, "cron"),
         ({"cron": "0 * * * *", "every_s": 5}, "cron"),
         ({}, "cron"),
-        ({"every_s": 0.5}, "every"),
+        ({"every_s": 0.5}, "every_s"),
         ({"cron": "0 * * * *", "timezone": "Mars/Olympus"}, "timezone"),
         ({"every_s": 5, "start_at_ms": 2000, "end_at_ms": 1000}, "end_at"),
     ],

@@ -46,7 +46,7 @@ class ScheduleSpec:
 
     def __post_init__(self) -> None:
         if (self.cron is None) == (self.every_s is None):
-            raise InvalidSchedule("give exactly one of cron and every", field="cron")
+            raise InvalidSchedule("give exactly one of cron and every_s", field="cron")
         if self.cron is not None:
             fields = self.cron.split()
             if len(fields) not in (5, 6) or not croniter.is_valid(
@@ -58,7 +58,9 @@ class ScheduleSpec:
         if self.every_s is not None and (
             not math.isfinite(self.every_s) or not 1 <= self.every_s <= 366 * 86400
         ):
-            raise InvalidSchedule("every must be 1 s .. 366 days", field="every")
+            raise InvalidSchedule(
+                "every_s must be 1 .. 31,622,400 (1 s .. 366 days)", field="every_s"
+            )
         try:
             ZoneInfo(self.timezone)
         except (ZoneInfoNotFoundError, ValueError):

@@ -9,6 +9,7 @@ from starlette.applications import Starlette
 
 from timewheel.api.errors import HANDLERS
 from timewheel.api.routes import ROUTES
+from timewheel.api.schedule_routes import SCHEDULE_ROUTES
 from timewheel.config import Settings
 from timewheel.engine import Engine
 
@@ -28,7 +29,7 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
         finally:
             await owned.close()
 
-    app = Starlette(routes=ROUTES, exception_handlers=HANDLERS, lifespan=lifespan)
+    app = Starlette(routes=ROUTES + SCHEDULE_ROUTES, exception_handlers=HANDLERS, lifespan=lifespan)
     if engine is not None:
         app.state.engine = engine
     return app
