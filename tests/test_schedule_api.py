@@ -151,7 +151,7 @@ async def test_unknown_and_foreign_schedules_are_404(client: httpx.AsyncClient) 
         ("POST", "/backfill"),
         ("GET", "/runs"),
     ]:
-        body = {"payload": 1} if method == "PATCH" else None
+        body: dict[str, object] | None = {"payload": 1} if method == "PATCH" else None
         if path == "/backfill":
             body = {"from": "2026-01-01T00:00:00Z", "to": "2026-01-02T00:00:00Z"}
         for target in (sid, "000aaaaaaaaaaaaa", "nonsense"):
