@@ -82,19 +82,20 @@ async def test_every_second_materializes_the_horizon_and_fires_each_second(
     assert [d.due_ms for d in seen] == [NOW + i * 1000 for i in range(1, 11)]
     sched = await engine.get_schedule("acme", sid)
     assert sched.last_run_ms == NOW + 10_000
-    # Extended once the next unplanned fire time is within half the horizon (2.5 s).
-    assert 13 <= sched.runs_planned <= 15
+    # Extended once the next unplanned fire time is within 3/4 of the horizon (3.75 s).
+    assert 14 <= sched.runs_planned <= 15
     assert sched.next_run_ms == NOW + 11_000
 
 
 async def test_planning_twice_is_a_no_op(engine: Engine) -> None:
     sid = await create(engine, every(1))
     shard = int(sid[:3], 16)
-    assert (await engine.plan(shard, now_ms=NOW + 3000)).added == 0  # 6 s is not near yet
-    first = await engine.plan(shard, now_ms=NOW + 4000)
-    again = await engine.plan(shard, now_ms=NOW + 4000)
-    assert first.added == 4 and again.added == 0  # 6 .. 9 s, then nothing new
-    assert (await engine.get_schedule("acme", sid)).runs_planned == 9
+    # Extended once the next unplanned fire time (6 s) is within 3/4 horizon (3.75 s).
+    assert (await engine.plan(shard, now_ms=NOW + 2000)).added == 0
+    first = await engine.plan(shard, now_ms=NOW + 3000)
+    again = await engine.plan(shard, now_ms=NOW + 3000)
+    assert first.added == 3 and again.added == 0  # 6 .. 8 s, then nothing new
+    assert (await engine.get_schedule("acme", sid)).runs_planned == 8
 
 
 async def test_max_runs_and_end_at_end_the_schedule(engine: Engine) -> None:

@@ -66,9 +66,10 @@ class Settings:
     follows the schedule's catchup policy; a one-shot task is always sent, however late."""
     plan_horizon_ms: int = 30_000
     """How far ahead every active schedule is kept materialized as concrete runs; the
-    planner extends a schedule once its next unplanned fire time is within half of this."""
-    plan_batch: int = 1000
-    """Most fire times one materialize call plans, and most schedules one planner pass reads."""
+    planner extends a schedule once its next unplanned fire time is within 3/4 of this."""
+    plan_batch: int = 200
+    """Most schedules a scheduler node extends between two ticks (keeps planning from
+    holding Redis long enough to delay dispatch)."""
     plan_interval_ms: int = 1_000
     """How often a scheduler node runs the planner over each shard it holds."""
 

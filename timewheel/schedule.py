@@ -38,7 +38,11 @@ class ScheduleSpec:
     timezone: str = "UTC"
     """IANA name; cron fields are local wall-clock time there."""
     every_s: float | None = None
-    """Interval in seconds (>= 1), counted from start_at_ms (or the epoch)."""
+    """Interval in seconds (>= 1), counted from anchor_ms."""
+    anchor_ms: int | None = None
+    """Where an interval counts from: start_at_ms when None (the epoch when that is None
+    too). A schedule created without start_at is anchored at its creation, so schedules
+    made at different moments fire at different phases, not all on the same second."""
     start_at_ms: int | None = None
     """No fire before this instant (inclusive)."""
     end_at_ms: int | None = None
@@ -124,8 +128,8 @@ def fire_times(
         return []
     if spec.every_s is not None:
         step_ms = round(spec.every_s * 1000)
-        origin = spec.start_at_ms or 0
-        first = origin + max(0, (low - origin) // step_ms + 1) * step_ms
+        origin = spec.anchor_ms if spec.anchor_ms is not None else (spec.start_at_ms or 0)
+        first = origin + ((low - origin) // step_ms + 1) * step_ms
         last = min(high, first + step_ms * (limit - 1))
         return list(range(first, last + 1, step_ms))
     assert spec.cron is not None

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import time
 from dataclasses import dataclass
 
@@ -100,8 +101,7 @@ class Scheduler:
         self._busy.update(promote, tick, expire, reap, plan)
         try:
             if plan:
-                # Before the tick: runs a pass materializes may be due at once (catch-up).
-                await asyncio.gather(*(self._plan(s, now) for s in plan))
+                await self._plan_some(plan, now)
             if promote:
                 for res in await asyncio.gather(*(self._promote(s) for s in promote)):
                     if isinstance(res, PromoteResult):
@@ -221,21 +221,33 @@ class Scheduler:
             log.info("leases_expired", shard=shard, retried=retried, dead=buried)
             st.next_tick_ms = 0.0  # a retry may be due at once
 
-    async def _plan(self, shard: int, now: float) -> None:
-        st = self.state.get(shard)
-        if st is None:
-            return
-        st.next_plan_ms = now + self.engine.settings.plan_interval_ms
-        try:
-            res = await self.engine.plan(shard, node=self.node, epoch=st.epoch, clock_ms=now)
-        except TimewheelError as exc:
-            self._failed("plan", shard, exc)
-            return
-        self.counters.planned += res.added
-        if res.more:
-            st.next_plan_ms = 0.0
-        if res.added or res.skipped:
-            st.next_tick_ms = 0.0
+    async def _plan_some(self, shards: list[int], now: float) -> None:
+        """Extend schedules of `shards`, at most plan_batch in all, before this pass's
+        tick (runs a catch-up materializes may be due at once). Shards the budget does
+        not reach stay due and go first next pass: planning never holds Redis for long."""
+        settings = self.engine.settings
+        budget = settings.plan_batch
+        for shard in shards:
+            st = self.state.get(shard)
+            if st is None:
+                continue
+            if budget <= 0:
+                break
+            # +-25 % jitter: shards started together drift apart and plan at different times.
+            st.next_plan_ms = now + settings.plan_interval_ms * random.uniform(0.75, 1.25)
+            try:
+                res = await self.engine.plan(
+                    shard, node=self.node, epoch=st.epoch, clock_ms=now, limit=budget
+                )
+            except TimewheelError as exc:
+                self._failed("plan", shard, exc)
+                continue
+            budget -= res.schedules
+            self.counters.planned += res.added
+            if res.more:
+                st.next_plan_ms = 0.0
+            if res.added or res.skipped:
+                st.next_tick_ms = 0.0
 
     def _failed(self, op: str, shard: int, exc: TimewheelError) -> None:
         if isinstance(exc, LeaseLost):

@@ -10,6 +10,7 @@ computed here, in Python (timewheel/schedule.py); every move happens in Lua.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Sequence
@@ -35,6 +36,8 @@ CATCHUPS = ("skip", "latest", "all")
 OVERLAPS = ("allow", "skip", "buffer_one")
 MAX_BACKFILL = 1000
 """Most fire times one backfill call materializes."""
+MAX_FIRES_PER_CALL = 1000
+"""Most fire times one create, update or materialize call plans (bounds the call)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +157,7 @@ def spec_json(spec: ScheduleSpec) -> str:
             "every_s": spec.every_s,
             "start_ms": spec.start_at_ms,
             "end_ms": spec.end_at_ms,
+            "anchor_ms": spec.anchor_ms,
         },
         separators=(",", ":"),
     )
@@ -167,6 +171,7 @@ def spec_from_json(text: str) -> ScheduleSpec:
         every_s=d["every_s"],
         start_at_ms=d["start_ms"],
         end_at_ms=d["end_ms"],
+        anchor_ms=d.get("anchor_ms"),
     )
 
 
@@ -208,7 +213,7 @@ class ScheduleOps:
     def _first_plan(self, spec: ScheduleSpec, now_ms: int) -> tuple[int, list[int], int]:
         cursor = now_ms  # fire times strictly after now
         fires, after = plan_fires(
-            spec, cursor, now_ms + self.settings.plan_horizon_ms, self.settings.plan_batch
+            spec, cursor, now_ms + self.settings.plan_horizon_ms, MAX_FIRES_PER_CALL
         )
         return cursor, fires, after
 
@@ -227,7 +232,10 @@ class ScheduleOps:
         sid = ids.make_task_id(shard, token)
         _, keys = self._schedule_keys(sid)
         now = _now_ms() if now_ms is None else now_ms
-        cursor, fires, after = self._first_plan(new.spec, now)
+        spec = new.spec
+        if spec.every_s is not None and spec.anchor_ms is None and spec.start_at_ms is None:
+            spec = dataclasses.replace(spec, anchor_ms=now)
+        cursor, fires, after = self._first_plan(spec, now)
         reply = await self.call(
             self.scripts.schedule_create,
             keys,
@@ -237,7 +245,7 @@ class ScheduleOps:
                 new.queue,
                 new.payload_json,
                 json.dumps(new.options, separators=(",", ":")) if new.options else "",
-                spec_json(new.spec),
+                spec_json(spec),
                 new.catchup,
                 new.catchup_window_ms,
                 new.overlap,
@@ -261,21 +269,28 @@ class ScheduleOps:
         """The schedule as stored. Another tenant's id is TaskNotFound, like an unknown one."""
         shard, keys = self._schedule_keys(sid)
         try:
-            async with self.client.pipeline(transaction=False) as pipe:
-                pipe.hgetall(keys[1])
-                pipe.zrange(self.keys.schedule_runs(shard, sid), 0, 0, withscores=True)
-                raw, first = await pipe.execute()
+            raw = await self.client.hgetall(keys[1])
+            h = {_text(k): _text(v) for k, v in raw.items()}
+            if h.get("tenant") != tenant:
+                raise TaskNotFound(sid)
+            last = h.get("last_ms")
+            # The first materialized run after the last one sent (sr keeps sent ones a while).
+            first = await self.client.zrange(
+                self.keys.schedule_runs(shard, sid),
+                f"({last}" if last else "-inf",
+                "+inf",
+                byscore=True,
+                offset=0,
+                num=1,
+                withscores=True,
+            )
         except (RedisError, OSError) as exc:
             raise RedisUnavailable(f"cannot read schedule: {exc}") from exc
-        h = {_text(k): _text(v) for k, v in raw.items()}
-        if h.get("tenant") != tenant:
-            raise TaskNotFound(sid)
         next_ms = int(h.get("next_ms", "-1"))
         if first:
             next_ms = int(first[0][1])
         elif h.get("state") != "active":
             next_ms = -1
-        last = h.get("last_ms")
         return Schedule(
             id=sid,
             tenant=tenant,
@@ -401,7 +416,9 @@ class ScheduleOps:
         current = await self.get_schedule(tenant, sid)
         if to_ms < from_ms:
             raise ValidationError("to is before from", field="to")
-        fires = fire_times(current.spec, from_ms - 1, to_ms, MAX_BACKFILL + 1)
+        # Every fire time of the range: start_at and end_at bound the planner, not this.
+        unbounded = dataclasses.replace(current.spec, start_at_ms=None, end_at_ms=None)
+        fires = fire_times(unbounded, from_ms - 1, to_ms, MAX_BACKFILL + 1)
         if len(fires) > MAX_BACKFILL:
             raise ValidationError(
                 f"the range holds more than {MAX_BACKFILL} fire times; backfill it in parts",
@@ -450,26 +467,29 @@ class ScheduleOps:
         epoch: int | str = "",
         now_ms: int | None = None,
         clock_ms: float | None = None,
+        limit: int | None = None,
     ) -> PlanResult:
-        """Extend every active schedule of the shard whose next fire time is within half
-        the plan horizon, up to the full horizon. Raises LeaseLost when fenced out.
+        """Extend up to `limit` (default plan_batch) active schedules of the shard whose
+        next fire time is within 3/4 of the plan horizon, up to the full horizon: each
+        call adds about a quarter horizon of runs, so planning work comes in small,
+        even steps. Raises LeaseLost when fenced out.
 
         clock_ms: the caller's estimate of the shard clock, for the horizon; misfire
         decisions use Redis TIME in the script (or now_ms, an override for tests)."""
         s, k = self.settings, self.keys
         local = clock_ms if clock_ms is not None else _now_ms()
         now = now_ms if now_ms is not None else int(local)
-        horizon = s.plan_horizon_ms
+        horizon, batch = s.plan_horizon_ms, limit or s.plan_batch
         try:
             sids = [
                 _text(v)
                 for v in await self.client.zrange(
                     k.plan(shard),
                     "-inf",
-                    now + horizon // 2,
+                    now + horizon - horizon // 4,
                     byscore=True,
                     offset=0,
-                    num=s.plan_batch,
+                    num=batch,
                 )
             ]
             if not sids:
@@ -486,7 +506,7 @@ class ScheduleOps:
                 continue
             cursor = int(cursor_raw)
             fires, after = plan_fires(
-                spec_from_json(_text(spec_raw)), cursor, now + horizon, s.plan_batch
+                spec_from_json(_text(spec_raw)), cursor, now + horizon, MAX_FIRES_PER_CALL
             )
             args: list[ScriptArg] = [
                 sid,
@@ -516,4 +536,4 @@ class ScheduleOps:
             check(reply, action="materialize", shard=shard)
             added += int(reply[0])
             skipped += int(reply[1])
-        return PlanResult(shard, len(sids), added, skipped, len(sids) >= s.plan_batch)
+        return PlanResult(shard, len(sids), added, skipped, len(sids) >= batch)

@@ -6,7 +6,9 @@
 --                          time planned, ms) next_ms (next fire time to plan, -1 = none)
 --                          planned (fire times materialized so far) inflight held last_ms
 --                          created_ms updated_ms paused_ms version
---   tag..'sr:'..sid  ZSET  run_id -> fire ms: its materialized runs not yet dispatched
+--   tag..'sr:'..sid  ZSET  run_id -> fire ms: its materialized runs; a dispatched one
+--                          stays until the planner trims fire times past misfire_ms + 1 h
+--                          (cheaper than a ZREM per dispatch; readers check the state)
 --   tag..'plan'      ZSET  sid -> next_ms: active schedules the planner must extend
 --
 -- A materialized run is an ordinary run (record, wheel entry) with id '<sid>@<fire ms>',
@@ -60,6 +62,8 @@ local function schedule_plan(ctx, sid, s, fires, after)
     base = cjson.decode(s.opts)
   end
   base.catchup, base.window_ms, base.overlap = s.catchup, tonumber(s.window_ms), s.overlap
+  -- The opts JSON of every run is this object plus its own next_ms: encode it once.
+  local head = string.sub(cjson.encode(base), 1, -2) .. ',"next_ms":'
   local added, skipped = 0, 0
   for i = 1, #fires do
     local fire = fires[i]
@@ -71,7 +75,7 @@ local function schedule_plan(ctx, sid, s, fires, after)
       skipped = skipped + 1
     else
       local rec = record_pack({ ST_SCHEDULED, 0, fire, s.tenant, s.queue, ctx.now, s.payload,
-        cjson.encode(base), nil, nil, sid, nil })
+        head .. string.format('%d', nxt) .. '}', nil, nil, sid, nil })
       if redis.call('HSETNX', body_key(tag, run_id), run_id, rec) == 1 then
         if wheel_place(tag, tag .. 'meta', run_id, s.tenant, fire, ctx.bucket_ms) == 1 then
           ctx.wake = 1
@@ -141,13 +145,20 @@ end
 
 -- The tick's checks before a schedule's run goes out. Returns true to dispatch it now;
 -- false when it was skipped (misfire, overlap) or held (overlap buffer_one).
+-- The common case (on time, overlap allow) decodes nothing and writes one field.
 local function schedule_admit(ctx, bkey, run_id, r)
   local sid = r[R_SCHEDULE]
-  local o = cjson.decode(r[R_OPTS])
-  if o.origin then
+  local opts = r[R_OPTS]
+  if string.find(opts, '"origin":', 1, true) then
     return true
   end
-  if r[R_ATTEMPT] == 0 and not schedule_runs_late(o, r[R_DUE], ctx.now, ctx.misfire_ms) then
+  local late = r[R_ATTEMPT] == 0 and ctx.now - r[R_DUE] > ctx.misfire_ms
+  if not late and string.find(opts, '"overlap":"allow"', 1, true) then
+    redis.call('HSET', schedule_key(ctx.tag, sid), 'last_ms', r[R_DUE])
+    return true
+  end
+  local o = cjson.decode(opts)
+  if late and not schedule_runs_late(o, r[R_DUE], ctx.now, ctx.misfire_ms) then
     schedule_skip(ctx, run_id, r[R_TENANT], r[R_DUE], 'misfire', bkey, r)
     return false
   end
@@ -174,7 +185,6 @@ local function schedule_admit(ctx, bkey, run_id, r)
   else
     redis.call('HSET', skey, 'last_ms', r[R_DUE])
   end
-  redis.call('ZREM', ctx.tag .. 'sr:' .. sid, run_id)
   return true
 end
 
@@ -217,6 +227,8 @@ local function schedule_extend(ctx, sid, skey, s, fires, after)
     fires = cut
   end
   local added, skipped = schedule_plan(ctx, sid, s, fires, after)
+  redis.call('ZREMRANGEBYSCORE', ctx.tag .. 'sr:' .. sid, '-inf',
+    '(' .. (ctx.now - ctx.misfire_ms - 3600000))
   planned = planned + added
   local cursor = s.cursor
   if #fires > 0 then

@@ -70,7 +70,12 @@ def _spec(body: dict[str, Any], base: ScheduleSpec | None = None) -> ScheduleSpe
     if cron is None and every_s is None:
         raise ValidationError("give cron (with timezone) or every_s", field="cron")
     return ScheduleSpec(
-        cron=cron, timezone=timezone, every_s=every_s, start_at_ms=start, end_at_ms=end
+        cron=cron,
+        timezone=timezone,
+        every_s=every_s,
+        start_at_ms=start,
+        end_at_ms=end,
+        anchor_ms=base.anchor_ms if base else None,
     )
 
 
