@@ -6,6 +6,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
+from itertools import pairwise
 
 import httpx
 import pytest
@@ -59,7 +60,7 @@ async def test_every_second_for_ten_seconds(engine: Engine, client: httpx.AsyncC
         assert 0 <= d.dispatched_ms - d.due_ms < 1000, d
         assert d.payload == {"k": 1}
     dues = [d.due_ms for d in fires]
-    assert dues == sorted(set(dues)) and {b - a for a, b in zip(dues, dues[1:])} == {1000}
+    assert dues == sorted(set(dues)) and {b - a for a, b in pairwise(dues)} == {1000}
     runs = (await client.get(f"/v1/schedules/{sid}/runs")).json()["runs"]
     assert [r["run_id"] for r in runs] == [d.run_id for d in fires]
     assert {r["state"] for r in runs} == {"dispatched"}
