@@ -8,7 +8,8 @@
   Derived keys (same tag): sr:<sid>, plan, t:<xy>, near:<tenant>, w:<bucket>, wheel.
   Returns: {1}   paused (or already paused)
   Errors:  {-1} NOT_FOUND     no such schedule for this tenant
-           {-2, state}        INVALID_STATE: the schedule has ended
+           {-2, state}        INVALID_STATE: the schedule has ended and all its runs
+                              were sent
   The cursor moves back before the earliest dropped run, so resume plans the paused
   span again and its catchup policy decides what of it runs. ]]
 local rcall = redis.call
@@ -29,11 +30,11 @@ end
 if s.state == 'paused' then
   return { 1 }
 end
-if s.state == 'ended' then
-  return { -2, s.state }
-end
 local now = clock_now_ms(ARGV[4])
 local earliest, dropped = schedule_drop_pending(tag, sid, bucket_ms)
+if s.state == 'ended' and dropped == 0 then
+  return { -2, s.state }  -- nothing planned is left to hold back
+end
 if earliest then
   rcall('HSET', skey, 'cursor', earliest - 1, 'next_ms', earliest)
 end

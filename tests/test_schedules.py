@@ -289,6 +289,9 @@ async def test_another_tenant_cannot_see_or_change_a_schedule(engine: Engine) ->
 
 async def test_an_ended_schedule_cannot_be_paused(engine: Engine) -> None:
     sid = await create(engine, every(1), max_runs=1)
+    assert (await engine.get_schedule("acme", sid)).state == "active"  # its run is to go
+    assert len(await run_at(engine, NOW + 1000)) == 1
+    assert (await engine.get_schedule("acme", sid)).state == "ended"
     with pytest.raises(InvalidState):
         await engine.pause_schedule("acme", sid)
 

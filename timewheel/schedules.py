@@ -110,7 +110,8 @@ class Schedule:
             out["cron"] = spec.cron
             out["timezone"] = spec.timezone
         else:
-            out["every_s"] = spec.every_s
+            every = spec.every_s or 0.0
+            out["every_s"] = int(every) if float(every).is_integer() else every
         out.update(
             {
                 "start_at": _rfc(spec.start_at_ms),
@@ -287,9 +288,12 @@ class ScheduleOps:
         except (RedisError, OSError) as exc:
             raise RedisUnavailable(f"cannot read schedule: {exc}") from exc
         next_ms = int(h.get("next_ms", "-1"))
+        state = h.get("state", "active")
         if first:
             next_ms = int(first[0][1])
-        elif h.get("state") != "active":
+            if state == "ended":
+                state = "active"  # planning has ended, but runs it made are still to go
+        elif state != "active":
             next_ms = -1
         return Schedule(
             id=sid,
@@ -302,7 +306,7 @@ class ScheduleOps:
             catchup_window_ms=int(h["window_ms"]),
             overlap=h["overlap"],
             max_runs=int(h.get("max_runs") or 0),
-            state=h.get("state", "active"),
+            state=state,
             next_run_ms=next_ms if next_ms >= 0 else None,
             last_run_ms=int(last) if last else None,
             runs_planned=int(h.get("planned") or 0),
