@@ -3,6 +3,8 @@
   KEYS[2] events  STREAM tag..'events'
   ARGV[1] consumer group   ARGV[2] stream entry id   ARGV[3] run_id   ARGV[4] attempt
   ARGV[5] bucket_ms   ARGV[6] now_ms override ('' = TIME)   ARGV[7] event log cap
+  ARGV[8] wake channel ('' = none)   ARGV[9] shard number (the wake message, sent when a
+  run held back by overlap buffer_one is released and is the shard's next action)
   Derived keys (same tag): t:<xy>, x:<bucket>, expiry, and for a schedule's run s:<sid>
   (no longer in flight) and the run it held back, put back in the wheel (meta, near, due).
   Returns: {1}   acknowledged and the run is now succeeded. This includes a late ack of
@@ -42,7 +44,10 @@ end
 r[R_STATE], r[R_UPDATED] = ST_SUCCEEDED, now
 record_save(bkey, run_id, r)
 wheel_retain(tag, run_id, now, bucket_ms)
-schedule_run_finished(tag, r[R_SCHEDULE], run_id, now, bucket_ms)
+if schedule_run_finished(tag, r[R_SCHEDULE], run_id, now, bucket_ms) == 1 and ARGV[8] ~= ''
+  and ARGV[8] ~= nil then
+  rcall('PUBLISH', ARGV[8], ARGV[9])
+end
 event_emit(events_key, event_cap, 'e', 'acked', 'id', run_id, 'tenant', r[R_TENANT],
   'attempt', attempt, 'at', now)
 return { 1 }

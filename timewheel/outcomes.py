@@ -67,6 +67,8 @@ class OutcomeOps:
             s.bucket_ms,
             _arg(now_ms),
             s.event_log_max,
+            self.keys.wake_channel(),
+            shard,
         ]
         return self.scripts.ack, [delivery.stream, self.keys.events(shard)], args
 

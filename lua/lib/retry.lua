@@ -63,7 +63,10 @@ local function retry_or_bury(tag, bkey, run_id, r, ctx)
     'error', ctx.error, 'dead_ms', now, 'due_ms', r[R_DUE], 'payload', r[R_PAYLOAD])
   r[R_STATE], r[R_DEAD] = ST_DEAD, entry
   record_save(bkey, run_id, r)
-  schedule_run_finished(tag, r[R_SCHEDULE], run_id, now, ctx.bucket_ms)
+  if schedule_run_finished(tag, r[R_SCHEDULE], run_id, now, ctx.bucket_ms) == 1 and
+    ctx.wake_channel and ctx.wake_channel ~= '' then
+    redis.call('PUBLISH', ctx.wake_channel, ctx.shard)
+  end
   event_emit(ctx.events_key, ctx.event_cap, 'e', 'dead', 'id', run_id, 'tenant', tenant,
     'attempt', r[R_ATTEMPT], 'at', now, 'reason', ctx.reason, 'error', ctx.error)
   return 'dead', entry

@@ -119,19 +119,20 @@ local function schedule_run_live(tag, run_id)
 end
 
 -- A schedule's run reached a final state (succeeded, dead): it is no longer in flight,
--- and a run held by overlap buffer_one is released, due now.
+-- and a run held by overlap buffer_one is released, due now. Returns 1 if that made the
+-- released run the shard's next action (the caller wakes the scheduler), else 0.
 local function schedule_run_finished(tag, sid, run_id, now, bucket_ms)
   if not sid then
-    return
+    return 0
   end
   local skey = schedule_key(tag, sid)
   if redis.call('HGET', skey, 'inflight') ~= run_id then
-    return
+    return 0
   end
   redis.call('HDEL', skey, 'inflight')
   local held = redis.call('HGET', skey, 'held')
   if not held then
-    return
+    return 0
   end
   redis.call('HDEL', skey, 'held')
   local hkey = body_key(tag, held)
@@ -139,8 +140,9 @@ local function schedule_run_finished(tag, sid, run_id, now, bucket_ms)
   if h and h[R_STATE] == ST_SCHEDULED then
     h[R_DUE], h[R_UPDATED] = now, now
     record_save(hkey, held, h)
-    wheel_place(tag, tag .. 'meta', held, h[R_TENANT], now, bucket_ms)
+    return wheel_place(tag, tag .. 'meta', held, h[R_TENANT], now, bucket_ms)
   end
+  return 0
 end
 
 -- The tick's checks before a schedule's run goes out. Returns true to dispatch it now;
