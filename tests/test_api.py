@@ -12,14 +12,25 @@ import pytest
 from tests.test_engine import prime, tick_all
 from timewheel.api import create_app
 from timewheel.engine import Engine
+from timewheel.tenants import Limits, TenantStore
 from timewheel.worker import Worker
+
+
+async def tenant_headers(engine: Engine, tenant: str) -> dict[str, str]:
+    """Register `tenant` (if new) and return headers with a fresh key of it."""
+    store = TenantStore(engine.client, engine.keys, bucket_ms=engine.settings.bucket_ms)
+    if not await engine.client.hexists(engine.keys.tenants(), tenant):
+        await store.create_tenant(tenant, Limits())
+    _, key = await store.issue_key(tenant)
+    return {"Authorization": f"Bearer {key}"}
 
 
 @pytest.fixture
 async def client(standalone_engine: Engine) -> AsyncIterator[httpx.AsyncClient]:
     app = create_app(standalone_engine.settings, engine=standalone_engine)
     transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
-    async with httpx.AsyncClient(transport=transport, base_url="http://tw") as c:
+    headers = await tenant_headers(standalone_engine, "default")
+    async with httpx.AsyncClient(transport=transport, base_url="http://tw", headers=headers) as c:
         yield c
 
 
@@ -101,11 +112,12 @@ async def test_cancel_after_dispatch_is_409(
     )
 
 
-async def test_tenants_do_not_see_each_other(client: httpx.AsyncClient) -> None:
-    created = (
-        await client.post("/v1/tasks", json={"delay": 60}, headers={"X-Timewheel-Tenant": "acme"})
-    ).json()
-    other = {"X-Timewheel-Tenant": "globex"}
+async def test_tenants_do_not_see_each_other(
+    client: httpx.AsyncClient, standalone_engine: Engine
+) -> None:
+    acme = await tenant_headers(standalone_engine, "acme")
+    created = (await client.post("/v1/tasks", json={"delay": 60}, headers=acme)).json()
+    other = await tenant_headers(standalone_engine, "globex")
     for method in ("GET", "DELETE"):
         resp = await client.request(method, f"/v1/tasks/{created['id']}", headers=other)
         assert_error(resp, 404, "not_found")
@@ -177,7 +189,7 @@ async def test_oversized_body_is_refused_without_reading_it(client: httpx.AsyncC
     assert_error(resp, 413, "payload_too_large", "payload")
 
 
-async def test_bad_patch_and_tenant_input(client: httpx.AsyncClient) -> None:
+async def test_bad_patch_and_key_input(client: httpx.AsyncClient) -> None:
     task = (await client.post("/v1/tasks", json={"delay": 60})).json()
     assert_error(await client.patch(f"/v1/tasks/{task['id']}", json={}), 422, "invalid", "run_at")
     assert_error(
@@ -186,8 +198,8 @@ async def test_bad_patch_and_tenant_input(client: httpx.AsyncClient) -> None:
     assert_error(
         await client.patch(f"/v1/tasks/{task['id']}", content=b"nope"), 400, "malformed_json"
     )
-    resp = await client.get(f"/v1/tasks/{task['id']}", headers={"X-Timewheel-Tenant": "a b"})
-    assert_error(resp, 422, "invalid", "tenant")
+    resp = await client.get(f"/v1/tasks/{task['id']}", headers={"Authorization": "Bearer nope"})
+    assert_error(resp, 401, "unauthorized")
     assert_error(await client.put(f"/v1/tasks/{task['id']}", json={}), 405, "method_not_allowed")
     assert_error(await client.get("/v2/nothing"), 404, "not_found")
 
@@ -240,7 +252,7 @@ async def test_run_history_and_dead_letters_over_http(
     page = (await client.get("/v1/dead-letters?limit=10")).json()
     assert [d["run_id"] for d in page["items"]] == [task["id"]] and page["next_cursor"] is None
     assert page["items"][0]["payload"] == {"k": "v"} and page["items"][0]["reason"] == "failed"
-    other = {"X-Timewheel-Tenant": "globex"}
+    other = await tenant_headers(standalone_engine, "globex")
     assert (await client.get("/v1/dead-letters", headers=other)).json()["items"] == []
     assert_error(
         await client.post(f"/v1/dead-letters/{task['id']}/replay", headers=other), 404, "not_found"
