@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import dataclasses
 import importlib
 import os
 import signal
@@ -16,10 +18,11 @@ from redis.exceptions import RedisError
 from timewheel import __version__
 from timewheel.config import Settings
 from timewheel.engine import Engine
-from timewheel.errors import ConfigError, TimewheelError, ValidationError
+from timewheel.errors import ConfigError, Conflict, TimewheelError, ValidationError
 from timewheel.logs import configure
 from timewheel.scripts import OPERATIONS, Script, ScriptCode, header_codes
 from timewheel.serve import serve
+from timewheel.tenants import Limits, TenantStore, new_key
 from timewheel.webhook import WebhookExecutor
 from timewheel.worker import Handler, Worker
 
@@ -179,6 +182,9 @@ async def _run_dev(args: argparse.Namespace) -> None:
     server.start()
     try:
         settings = _settings(args, redis_url=server.url)
+        generated = not settings.admin_key
+        if generated:
+            settings = dataclasses.replace(settings, admin_key=new_key())
         engine = await Engine.connect(settings)
         print(
             f"timewheel dev: API http://{args.host}:{args.port}  redis {server.url} "
@@ -187,11 +193,25 @@ async def _run_dev(args: argparse.Namespace) -> None:
             flush=True,
         )
         try:
+            tenant_key = await _dev_tenant_key(engine)
+            if generated:
+                print(f"export TIMEWHEEL_ADMIN_KEY={settings.admin_key}", flush=True)
+            print(f"export TIMEWHEEL_KEY={tenant_key}   # tenant 'default'", flush=True)
+            print(f"export TIMEWHEEL_URL=http://{args.host}:{args.port}", flush=True)
             await serve(engine, api=True, scheduler=True, host=args.host, port=args.port)
         finally:
             await engine.close()
     finally:
         server.stop()
+
+
+async def _dev_tenant_key(engine: Engine) -> str:
+    """Register tenant `default` if it is not, and issue a key for it."""
+    store = TenantStore(engine.client, engine.keys, bucket_ms=engine.settings.bucket_ms)
+    with contextlib.suppress(Conflict):
+        await store.create_tenant("default", Limits())
+    _, key = await store.issue_key("default")
+    return key
 
 
 async def _run(args: argparse.Namespace, *, api: bool, scheduler: bool) -> None:
