@@ -1,4 +1,5 @@
-"""The `timewheel` command: dev, api, scheduler, scripts check."""
+"""The `timewheel` command: dev, api, scheduler, worker, webhook, scripts check; and the
+API client commands task, dlq, tenant (timewheel/cli_client.py)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from pathlib import Path
 from redis.exceptions import RedisError
 
 from timewheel import __version__
+from timewheel.cli_client import CLIENT_COMMANDS, add_client_commands, run_client_command
 from timewheel.config import Settings
 from timewheel.engine import Engine
 from timewheel.errors import ConfigError, Conflict, TimewheelError, ValidationError
@@ -166,6 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
         "check", help="check headers, and load every script if a Redis URL is given"
     )
     check.add_argument("--redis-url")
+    add_client_commands(sub)
     return parser
 
 
@@ -276,6 +279,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             asyncio.run(_run_executor(args))
         elif args.command == "scripts":
             asyncio.run(_scripts_check(args))
+        elif args.command in CLIENT_COMMANDS:
+            return run_client_command(args)
     except (ConfigError, ValidationError) as exc:
         print(f"timewheel: {exc}", file=sys.stderr)
         return 2
