@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import schemathesis
@@ -56,7 +57,7 @@ def keys(api_server: ApiServer) -> Iterator[dict[str, str]]:
     suppress_health_check=list(HealthCheck),
 )
 def test_no_5xx_and_answers_match_the_document(
-    case: schemathesis.Case, api_server: ApiServer, keys: dict[str, str]
+    case: schemathesis.Case[Any], api_server: ApiServer, keys: dict[str, str]
 ) -> None:
     tags = case.operation.definition.raw.get("tags", [])
     key = keys["admin"] if "admin" in tags else keys["tenant"]
