@@ -20,6 +20,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from timewheel.api import schemas
 from timewheel.api.errors import response_for
@@ -117,8 +118,21 @@ async def _authorize(store: TenantStore, request: Request, role: str) -> Princip
     return principal
 
 
-def _route(endpoint: Endpoint) -> Route:
-    async def endpoint_app(request: Request) -> Response:
+class _EndpointApp:
+    """The ASGI app of one endpoint. A plain ASGI callable, not a function, so Starlette
+    does not wrap it in another request/exception layer: errors are answered here,
+    through timewheel/api/errors.py, and counted in the metrics with their status."""
+
+    def __init__(self, endpoint: Endpoint):
+        self.endpoint = endpoint
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        request = Request(scope, receive)
+        response = await self.respond(request)
+        await response(scope, receive, send)
+
+    async def respond(self, request: Request) -> Response:
+        endpoint = self.endpoint
         started = time.perf_counter()
         state = request.app.state
         try:
@@ -137,7 +151,14 @@ def _route(endpoint: Endpoint) -> Route:
         metrics.observe(endpoint.method, endpoint.path, response.status_code, started)
         return response
 
-    return Route(endpoint.path, endpoint_app, methods=[endpoint.method], name=endpoint.operation_id)
+
+def _route(endpoint: Endpoint) -> Route:
+    return Route(
+        endpoint.path,
+        _EndpointApp(endpoint),
+        methods=[endpoint.method],
+        name=endpoint.operation_id,
+    )
 
 
 def build_routes(endpoints: list[Endpoint]) -> list[Route]:

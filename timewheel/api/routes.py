@@ -16,7 +16,7 @@ from timewheel.api.errors import error_body, status_of
 from timewheel.engine import NewTask
 from timewheel.errors import PayloadTooLarge, ValidationError
 from timewheel.history import run_history
-from timewheel.models import ms_to_rfc3339
+from timewheel.models import CreateResult, Task, ms_to_rfc3339
 from timewheel.tenants import Tenant
 
 
@@ -48,8 +48,25 @@ async def create_task(call: Call) -> Response:
     result = await engine.create(new)
     if result.created:
         await call.store.count_pending(tenant, [(result.due_ms, 1)])
-    task = result.task or await engine.get(tenant.id, result.task_id)
+    task = result.task or _fresh(new, result)
     return JSONResponse(task.to_json(), status_code=201 if result.created else 200)
+
+
+def _fresh(new: NewTask, result: CreateResult) -> Task:
+    """The task a create just stored, as GET would read it back (no second round trip)."""
+    return Task(
+        id=result.task_id,
+        run_id=result.task_id,
+        tenant=new.tenant,
+        queue=new.queue,
+        state="scheduled",
+        attempt=0,
+        due_ms=result.due_ms,
+        created_ms=result.created_ms or result.due_ms,
+        updated_ms=None,
+        payload_json=new.payload_json,
+        options=dict(new.options),
+    )
 
 
 async def get_task(call: Call) -> Response:
