@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import os
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -98,13 +100,15 @@ def add_client_commands(sub: Any) -> None:
     _connection(key)
 
 
-def _cell(value: Any) -> str:
+def _cell(value: Any, width: int = 60) -> str:
     text = "" if value is None else value if isinstance(value, str) else json.dumps(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 def table(rows: Sequence[Mapping[str, object]], columns: Sequence[str]) -> str:
     """Rows as aligned text columns."""
+    if not rows:
+        return "(none)"
     cells = [[_cell(r.get(c)) for c in columns] for r in rows]
     widths = [max([len(c), *(len(row[i]) for row in cells)]) for i, c in enumerate(columns)]
     lines = ["  ".join(c.upper().ljust(w) for c, w in zip(columns, widths, strict=True))]
@@ -113,7 +117,7 @@ def table(rows: Sequence[Mapping[str, object]], columns: Sequence[str]) -> str:
 
 
 def _record(obj: dict[str, Any]) -> str:
-    return "\n".join(f"{k + ':':14} {_cell(v)}" for k, v in obj.items())
+    return "\n".join(f"{k + ':':14} {_cell(v, 400)}" for k, v in obj.items())
 
 
 def _list_tasks(tw: Client, args: argparse.Namespace) -> tuple[list[Any], str | None]:
@@ -190,9 +194,13 @@ def _tenant(tw: Client, args: argparse.Namespace) -> tuple[Any, str]:
 
 def run_client_command(args: argparse.Namespace) -> int:
     """Run a task/dlq/tenant command; ApiError and TransportError propagate to main()."""
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # no per-request lines
     with Client(args.url, args.key) as tw:
         run = {"task": _task, "dlq": _dlq, "tenant": _tenant}[args.command]
         data, text = run(tw, args)
-    print(json.dumps(data, indent=2) if args.json else text)
-    sys.stdout.flush()
+    try:
+        print(json.dumps(data, indent=2) if args.json else text)
+        sys.stdout.flush()
+    except BrokenPipeError:  # `| head`: the reader is gone, which is not an error here
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0

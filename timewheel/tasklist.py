@@ -4,9 +4,10 @@ Records live in `{tw:N}:t:<xy>` (1,024 body hashes per shard, timewheel/keys.py)
 listing visits every body hash of the tenant's shards (its `spread`, 1 by default) and
 decodes every record there to keep the tenant's. Cost: a full listing reads every record
 of those shards, other tenants' included (O(records in the tenant's shards)); one page
-is bounded to `MAX_HASHES_PER_PAGE` body hashes in pipelines of `PIPELINE` and stops
-early once `limit` items are found, so a page may hold fewer than `limit` items (even
-none) with a non-null `next_cursor`: keep following the cursor until it is null.
+is bounded to one shard's body hashes (in pipelines of `PIPELINE`, so 4 round trips) and
+to about `MAX_RECORDS_PER_PAGE` records decoded, and stops once `limit` items are found.
+So in a big deployment a page may hold fewer than `limit` items (even none) with a
+non-null `next_cursor`: keep following the cursor until it is null.
 The order is by (shard, body hash, id), not by time. As with SCAN, a task created or
 finished while you page may or may not appear.
 
@@ -27,8 +28,9 @@ from timewheel.ids import ALPHABET
 from timewheel.models import Task
 
 HASHES_PER_SHARD = len(ALPHABET) ** 2
-MAX_HASHES_PER_PAGE = 256
-PIPELINE = 64
+MAX_HASHES_PER_PAGE = HASHES_PER_SHARD
+MAX_RECORDS_PER_PAGE = 20_000
+PIPELINE = 256
 HSCAN_COUNT = 1000
 
 
@@ -75,8 +77,12 @@ async def list_tasks(
     shards = sorted(engine.shards_of(tenant))
     pos = _parse_cursor(cursor)
     out: list[Task] = []
-    visited = 0
-    while pos.shard_index < len(shards) and visited < MAX_HASHES_PER_PAGE:
+    visited = examined = 0
+    while (
+        pos.shard_index < len(shards)
+        and visited < MAX_HASHES_PER_PAGE
+        and examined < MAX_RECORDS_PER_PAGE
+    ):
         shard = shards[pos.shard_index]
         span = range(pos.bucket, min(HASHES_PER_SHARD, pos.bucket + PIPELINE))
         try:
@@ -89,6 +95,7 @@ async def list_tasks(
             raise RedisUnavailable(f"cannot list tasks: {exc}") from exc
         for i, (bucket, (next_hscan, entries)) in enumerate(zip(span, replies, strict=True)):
             visited += 1
+            examined += len(entries)
             after = pos.after if i == 0 else ""
             for field_ in sorted(entries):
                 run_id = field_.decode()
