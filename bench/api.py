@@ -2,8 +2,9 @@
 on a fresh redis-server with AOF appendfsync always, load from another process on loopback.
 
 a. single: POST /v1/tasks, one task per request (100-byte payload, delay 60 s), closed
-   loop over `--connections` keep-alive connections for `--seconds`. Target >= 5,000/s.
-b. batch: POST /v1/tasks/batch with `--batch` tasks per request, same loop. Target
+   loop over `--connections` (32) keep-alive connections for `--seconds`. Target >= 5,000/s.
+b. batch: POST /v1/tasks/batch with `--batch` (1,000) tasks per request, same loop over
+   `--batch-connections` (4). Target
    >= 30,000 tasks/s.
 
 Latency is per request, send to last byte of the answer (p50, p99). The load generator
@@ -119,12 +120,25 @@ def run_load(port: int, key: str, mode: str, args: argparse.Namespace) -> dict[s
     """The load in a process of its own; its summary comes back on stdout."""
     proc = subprocess.run(
         [sys.executable, __file__, "load", "--port", str(port), "--key", key, "--mode", mode,
-         "--seconds", str(args.seconds), "--connections", str(args.connections),
+         "--seconds", str(args.seconds),
+         "--connections", str(args.connections if mode == "single" else args.batch_connections),
          "--batch", str(args.batch)],
         capture_output=True, text=True, timeout=args.seconds + 120, check=True,
     )
     result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
     return result
+
+
+def redis_cpu_s(url: str) -> float:
+    """CPU seconds used so far by redis-server's main thread (user + sys)."""
+    import redis
+
+    client = redis.Redis.from_url(url)
+    try:
+        info: dict[str, Any] = client.info("cpu")
+    finally:
+        client.close()
+    return float(info["used_cpu_user_main_thread"]) + float(info["used_cpu_sys_main_thread"])
 
 
 def start_api(redis_url: str, admin_key: str, log: Path) -> tuple[subprocess.Popen[bytes], int]:
@@ -166,6 +180,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=20.0, help="length of each part")
     parser.add_argument("--connections", type=int, default=32, help="keep-alive connections")
     parser.add_argument("--batch", type=int, default=1000, help="tasks per batch request")
+    parser.add_argument(
+        "--batch-connections", type=int, default=4, help="connections of the batch part"
+    )
     parser.add_argument("--parts", default="single,batch")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument(
@@ -190,7 +207,14 @@ def main(argv: list[str] | None = None) -> int:
                              "-o", str(args.py_spy / f"{part}.txt"), "-d", str(int(args.seconds))],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                         )
+                    cpu_before = redis_cpu_s(server.url)
                     results[part] = run_load(port, key, part, args)
+                    r = results[part]
+                    r["redis_cpu_s"] = round(redis_cpu_s(server.url) - cpu_before, 2)
+                    r["redis_cpu_share"] = round(r["redis_cpu_s"] / r["seconds"], 2)
+                    r["redis_cpu_us_per_task"] = round(
+                        r["redis_cpu_s"] * 1e6 / max(1, r["tasks_per_s"] * r["seconds"]), 1
+                    )
                     if spy is not None:
                         spy.wait(timeout=60)
                     r = results[part]
@@ -199,7 +223,9 @@ def main(argv: list[str] | None = None) -> int:
                         f"{part}: {r['tasks_per_s']:,} tasks/s ({r['requests_per_s']:,} req/s, "
                         f"{r['connections']} connections, {r['tasks_per_request']} task(s)/req) "
                         f"p50 {r['p50_ms']} ms p99 {r['p99_ms']} ms; target {target:,}/s "
-                        f"{'met' if r['tasks_per_s'] >= target else 'NOT met'}; "
+                        f"{'met' if r['tasks_per_s'] >= target else 'NOT met'}; redis main "
+                        f"thread {r['redis_cpu_share']:.0%} busy, "
+                        f"{r['redis_cpu_us_per_task']} us/task; "
                         f"statuses {r['statuses']}",
                         flush=True,
                     )

@@ -294,6 +294,8 @@ def test_tenant_limits(api_server: ApiServer, admin: Client) -> None:
         assert over.value.retry_after_s is not None and over.value.retry_after_s >= 1
         with pytest.raises(RateLimitedError):
             busy.create_tasks([{"delay": 600}])
+        busy.cancel_task(busy.list_tasks(limit=1)["items"][0]["id"])  # frees a place
+        assert busy.create_task(delay=600)["state"] == "scheduled"
 
 
 def test_operations_endpoints(api_server: ApiServer, acme: TenantClient) -> None:

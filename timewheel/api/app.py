@@ -7,6 +7,7 @@ from contextlib import asynccontextmanager
 
 from starlette.applications import Starlette
 
+from timewheel.api.coalesce import CreateCoalescer
 from timewheel.api.endpoints import Endpoint, build_routes
 from timewheel.api.errors import HANDLERS
 from timewheel.api.metrics import ApiMetrics
@@ -36,6 +37,7 @@ def create_app(
 
     def attach(app: Starlette, eng: Engine) -> None:
         app.state.engine = eng
+        app.state.creates = CreateCoalescer(eng)
         app.state.tenant_store = TenantStore(
             eng.client, eng.keys, admin_key=eng.settings.admin_key, bucket_ms=eng.settings.bucket_ms
         )

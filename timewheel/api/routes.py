@@ -43,9 +43,10 @@ async def create_task(call: Call) -> Response:
         default_queue=engine.settings.default_queue,
         idempotency_header=call.request.headers.get("idempotency-key"),
     )
+    engine.check_payload(new.payload_json)
     _check_payload(tenant, new)
     await call.store.check_pending(tenant, 1)
-    result = await engine.create(new)
+    result = await call.request.app.state.creates.create(new)
     if result.created:
         await call.store.count_pending(tenant, [(result.due_ms, 1)])
     task = result.task or _fresh(new, result)
