@@ -1,4 +1,4 @@
-"""`timewheel task|dlq|tenant ...`: the HTTP API from a shell, through the SDK.
+"""`timewheel task|dlq|tenant|schedule ...`: the HTTP API from a shell, through the SDK.
 
 Output is a table for people or JSON with --json. A refused request prints one line
 (`timewheel: 404 not_found: ...`) and exits 1; a bad argument exits 2 (argparse).
@@ -16,7 +16,8 @@ from typing import Any
 
 from timewheel.client import Client
 
-CLIENT_COMMANDS = ("task", "dlq", "tenant")
+CLIENT_COMMANDS = ("task", "dlq", "tenant", "schedule")
+SCHEDULE_ACTIONS = ("get", "delete", "pause", "resume", "trigger", "runs")
 TASK_COLUMNS = ("id", "queue", "state", "attempt", "run_at")
 DEAD_COLUMNS = ("run_id", "queue", "attempt", "reason", "dead_at", "error")
 
@@ -84,6 +85,24 @@ def add_client_commands(sub: Any) -> None:
     for name, helptext in (("replay", "back into the wheel, due now"), ("purge", "delete")):
         p = dsub.add_parser(name, help=helptext)
         p.add_argument("run_id")
+        _connection(p)
+
+    sched = sub.add_parser("schedule", help="recurring schedules of your tenant")
+    ssub = sched.add_subparsers(dest="action", required=True)
+    screate = ssub.add_parser("create", help="create a schedule (cron or --every-s)")
+    every = screate.add_mutually_exclusive_group(required=True)
+    every.add_argument("--cron", help="cron expression, e.g. '0 9 * * mon-fri'")
+    every.add_argument("--every-s", type=float, help="every N seconds")
+    screate.add_argument("--timezone", help="IANA zone of the cron expression")
+    screate.add_argument("--queue")
+    screate.add_argument("--payload", type=_json_arg)
+    screate.add_argument("--catchup", choices=["skip", "latest", "all"])
+    screate.add_argument("--overlap", choices=["allow", "skip", "buffer_one"])
+    screate.add_argument("--paused", action="store_true", default=None)
+    _connection(screate)
+    for name in SCHEDULE_ACTIONS:
+        p = ssub.add_parser(name, help=f"{name} a schedule")
+        p.add_argument("schedule_id")
         _connection(p)
 
     tenant = sub.add_parser("tenant", help="tenants and API keys (admin key)")
@@ -192,11 +211,25 @@ def _tenant(tw: Client, args: argparse.Namespace) -> tuple[Any, str]:
     return key, _record(dict(key)) + "\n(the key is shown only now; store it)"
 
 
+def _schedule(tw: Client, args: argparse.Namespace) -> tuple[Any, str]:
+    if args.action == "create":
+        out = tw.create_schedule(
+            cron=args.cron, every_s=args.every_s, timezone=args.timezone, queue=args.queue,
+            payload=args.payload, catchup=args.catchup, overlap=args.overlap, paused=args.paused,
+        )
+        return out, _record(out)
+    method = getattr(tw, f"{args.action}_schedule" if args.action != "runs" else "schedule_runs")
+    out = method(args.schedule_id)
+    return out, _record(out)
+
+
 def run_client_command(args: argparse.Namespace) -> int:
     """Run a task/dlq/tenant command; ApiError and TransportError propagate to main()."""
     logging.getLogger("httpx").setLevel(logging.WARNING)  # no per-request lines
     with Client(args.url, args.key) as tw:
-        run = {"task": _task, "dlq": _dlq, "tenant": _tenant}[args.command]
+        run = {"task": _task, "dlq": _dlq, "tenant": _tenant, "schedule": _schedule}[
+            args.command
+        ]
         data, text = run(tw, args)
     try:
         print(json.dumps(data, indent=2) if args.json else text)
