@@ -279,7 +279,8 @@ def _run_fast(main: Coroutine[Any, Any, None]) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    configure(getattr(args, "log_level", "info"), json=getattr(args, "log_json", False))
+    if args.command not in CLIENT_COMMANDS:  # client commands print results, not logs
+        configure(getattr(args, "log_level", "info"), json=getattr(args, "log_json", False))
     try:
         if args.command == "dev":
             _run_fast(_run_dev(args))

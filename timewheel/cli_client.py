@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -225,7 +224,6 @@ def _schedule(tw: Client, args: argparse.Namespace) -> tuple[Any, str]:
 
 def run_client_command(args: argparse.Namespace) -> int:
     """Run a task/dlq/tenant command; ApiError and TransportError propagate to main()."""
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # no per-request lines
     with Client(args.url, args.key) as tw:
         run = {"task": _task, "dlq": _dlq, "tenant": _tenant, "schedule": _schedule}[
             args.command
