@@ -129,6 +129,12 @@ def run_load(port: int, key: str, mode: str, args: argparse.Namespace) -> dict[s
     return result
 
 
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds (user + sys) a process has used, from /proc (Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def redis_cpu_s(url: str) -> float:
     """CPU seconds used so far by redis-server's main thread (user + sys)."""
     import redis
@@ -208,8 +214,13 @@ def main(argv: list[str] | None = None) -> int:
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                         )
                     cpu_before = redis_cpu_s(server.url)
+                    api_before = process_cpu_s(proc.pid)
                     results[part] = run_load(port, key, part, args)
                     r = results[part]
+                    tasks_done = max(1, r["tasks_per_s"] * r["seconds"])
+                    api_cpu = process_cpu_s(proc.pid) - api_before
+                    r["api_cpu_share"] = round(api_cpu / r["seconds"], 2)
+                    r["api_cpu_us_per_task"] = round(api_cpu * 1e6 / tasks_done, 1)
                     r["redis_cpu_s"] = round(redis_cpu_s(server.url) - cpu_before, 2)
                     r["redis_cpu_share"] = round(r["redis_cpu_s"] / r["seconds"], 2)
                     r["redis_cpu_us_per_task"] = round(
@@ -223,7 +234,9 @@ def main(argv: list[str] | None = None) -> int:
                         f"{part}: {r['tasks_per_s']:,} tasks/s ({r['requests_per_s']:,} req/s, "
                         f"{r['connections']} connections, {r['tasks_per_request']} task(s)/req) "
                         f"p50 {r['p50_ms']} ms p99 {r['p99_ms']} ms; target {target:,}/s "
-                        f"{'met' if r['tasks_per_s'] >= target else 'NOT met'}; redis main "
+                        f"{'met' if r['tasks_per_s'] >= target else 'NOT met'}; api process "
+                        f"{r['api_cpu_share']:.0%} of a core, {r['api_cpu_us_per_task']} us/task; "
+                        "redis main "
                         f"thread {r['redis_cpu_share']:.0%} busy, "
                         f"{r['redis_cpu_us_per_task']} us/task; "
                         f"statuses {r['statuses']}",
