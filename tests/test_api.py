@@ -290,3 +290,12 @@ async def test_dead_letter_pages_and_purge(
     assert purged.status_code == 200
     assert_error(await client.get(f"/v1/tasks/{ids[0]}"), 404, "not_found")
     assert len((await client.get("/v1/dead-letters")).json()["items"]) == 4
+
+
+async def test_a_full_batch_may_exceed_the_single_body_limit(client: httpx.AsyncClient) -> None:
+    tasks = [{"delay": 60, "payload": "x" * 300}] * 1000  # about 330 KB
+    resp = await client.post("/v1/tasks/batch", json={"tasks": tasks})
+    assert resp.status_code == 200, resp.text
+    assert {r["status"] for r in resp.json()["results"]} == {201}
+    single = await client.post("/v1/tasks", json={"delay": 1, "payload": ["x" * 1000] * 300})
+    assert_error(single, 413, "payload_too_large", "payload")

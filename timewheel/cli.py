@@ -15,6 +15,7 @@ from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
+import structlog
 from redis.exceptions import RedisError
 
 from timewheel import __version__
@@ -30,6 +31,7 @@ from timewheel.webhook import WebhookExecutor
 from timewheel.worker import Handler, Worker
 
 DEV_REDIS_PORT = 6399
+log = structlog.get_logger("timewheel")
 
 
 def _add_common(p: argparse.ArgumentParser, *, redis_url: bool = True) -> None:
@@ -222,6 +224,11 @@ async def _run(args: argparse.Namespace, *, api: bool, scheduler: bool) -> None:
     if getattr(args, "lease_ttl_ms", 2000) < 100:
         raise ConfigError("--lease-ttl-ms must be at least 100")
     engine = await Engine.connect(_settings(args))
+    if api and not engine.settings.admin_key:
+        log.warning(
+            "no_admin_key",
+            detail="TIMEWHEEL_ADMIN_KEY is unset: tenants and keys cannot be managed over HTTP",
+        )
     try:
         if not args.unsafe_durability:
             await engine.check_durability()

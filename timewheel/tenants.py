@@ -1,10 +1,10 @@
 """Tenants, their limits and API keys, stored in Redis under global (non-shard) keys.
 
-Keys are `tw_` + 43 url-safe characters (256 random bits); only their SHA-256 is stored.
-A lookup is by hash, and the hash found is compared with `hmac.compare_digest`, so no
-timing difference depends on how much of a guessed key is right. The API process caches
-lookups for `CACHE_TTL_S` (1 s): a revoked key stops working within 1 s in every api
-process, and a changed limit applies within 1 s.
+Keys are `tw_` + 43 url-safe characters (256 random bits); only their SHA-256 is stored,
+and a key is looked up by its hash (HGET), so no comparison of key bytes happens at all;
+the bootstrap admin key's hash is compared with `hmac.compare_digest` (constant time).
+The API process caches lookups for `CACHE_TTL_S` (1 s): a revoked key stops working
+within 1 s in every api process, and a changed limit applies within 1 s.
 
 Pending count (max_pending): kept in a per-tenant HASH of due bucket -> count of the
 runs created through the API (incremented after create, decremented after cancel and
@@ -90,7 +90,8 @@ class TenantStore:
         self._admin_hash = hash_key(admin_key) if admin_key else ""
         self._principals: dict[str, tuple[float, Principal | None]] = {}
         self._tenants: dict[str, tuple[float, Tenant | None]] = {}
-        self._pending: dict[str, tuple[float, int]] = {}
+        self._pending: dict[str, tuple[float, int, int]] = {}
+        """tenant -> (cache expiry, count, ms until the oldest counted bucket stops counting)"""
 
     # -- tenants ------------------------------------------------------------------
 
@@ -199,17 +200,18 @@ class TenantStore:
         now = time.monotonic()
         hit = self._pending.get(tenant.id)
         if hit is not None and hit[0] > now:
-            count = hit[1]
+            count, frees_in_ms = hit[1], hit[2]
         else:
-            count = await self._count_pending(tenant.id)
-            self._pending[tenant.id] = (now + CACHE_TTL_S, count)
+            count, frees_in_ms = await self._count_pending(tenant.id)
+            self._pending[tenant.id] = (now + CACHE_TTL_S, count, frees_in_ms)
         if count + adding > limit:
             raise OverLimit(
                 f"tenant has about {count} pending runs; max_pending is {limit}",
-                retry_after_s=max(1, self.bucket_ms // 1000),
+                retry_after_s=max(1, -(-frees_in_ms // 1000)),
             )
 
-    async def _count_pending(self, tenant_id: str) -> int:
+    async def _count_pending(self, tenant_id: str) -> tuple[int, int]:
+        """(runs counted, ms until the oldest counted bucket stops counting)."""
         key = self.keys.pending(tenant_id)
         try:
             buckets: dict[Any, Any] = await self.client.hgetall(key)
@@ -219,7 +221,9 @@ class TenantStore:
                 await self.client.hdel(key, *stale[:1000])
         except (RedisError, OSError) as exc:
             raise _err(exc) from exc
-        return sum(int(v) for b, v in buckets.items() if int(b) + self.bucket_ms > now_ms)
+        live = {int(b): int(v) for b, v in buckets.items() if int(b) + self.bucket_ms > now_ms}
+        frees_in_ms = min(live) + self.bucket_ms - now_ms if live else self.bucket_ms
+        return sum(live.values()), frees_in_ms
 
     async def count_pending(self, tenant: Tenant, changes: list[tuple[int, int]]) -> None:
         """Apply (due_ms, +n/-n) pairs to the tenant's pending estimate (only with
@@ -239,4 +243,4 @@ class TenantStore:
             raise _err(exc) from exc
         hit = self._pending.get(tenant.id)
         if hit is not None:
-            self._pending[tenant.id] = (hit[0], hit[1] + sum(per_bucket.values()))
+            self._pending[tenant.id] = (hit[0], hit[1] + sum(per_bucket.values()), hit[2])

@@ -84,6 +84,8 @@ class Endpoint:
     response_type: str = "application/json"
     extra_statuses: tuple[int, ...] = ()
     """Further success statuses (e.g. 200 for an idempotent repeat of a 201 create)."""
+    max_body_bytes: int | None = None
+    """Largest request body; None: twice the deployment's max payload plus 64 KiB."""
 
 
 async def read_json(request: Request, limit: int) -> dict[str, Any]:
@@ -139,7 +141,9 @@ class _EndpointApp:
             principal = await _authorize(state.tenant_store, request, endpoint.role)
             call = Call(request, state.engine, state.tenant_store, principal)
             if endpoint.body is not None:
-                limit = state.engine.settings.max_payload_bytes * 2 + 65_536
+                limit = endpoint.max_body_bytes or (
+                    state.engine.settings.max_payload_bytes * 2 + 65_536
+                )
                 call.body = await read_json(request, limit)
                 call.data = endpoint.body.parse(call.body)
             if endpoint.query is not None:
