@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
+from starlette.routing import Route
 
 from tests.test_engine import prime, tick_all
 from timewheel.api import create_app
@@ -299,3 +300,28 @@ async def test_a_full_batch_may_exceed_the_single_body_limit(client: httpx.Async
     assert {r["status"] for r in resp.json()["results"]} == {201}
     single = await client.post("/v1/tasks", json={"delay": 1, "payload": ["x" * 1000] * 300})
     assert_error(single, 413, "payload_too_large", "payload")
+
+
+async def test_openapi_describes_exactly_the_routes(
+    client: httpx.AsyncClient, standalone_engine: Engine
+) -> None:
+    doc = (await client.get("/openapi.json")).json()
+    documented = {(m.upper(), p) for p, ops in doc["paths"].items() for m in ops}
+    app = create_app(standalone_engine.settings, engine=standalone_engine)
+    routed = {
+        (m, r.path)
+        for r in app.routes
+        if isinstance(r, Route)
+        for m in (r.methods or ())
+        if m != "HEAD"
+    }
+    assert documented == routed
+    create = doc["paths"]["/v1/tasks"]["post"]
+    body = create["requestBody"]["content"]["application/json"]["schema"]
+    assert body["additionalProperties"] is False
+    assert body["properties"]["retry"]["properties"]["jitter"]["enum"] == [
+        "full",
+        "proportional",
+        "none",
+    ]
+    assert {"201", "200", "400", "401", "403", "413", "422", "429"} <= set(create["responses"])
