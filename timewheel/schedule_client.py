@@ -71,16 +71,59 @@ class ScheduleMethods:
     def _json(self, req: Request) -> Any:
         raise NotImplementedError
 
-    def create_schedule(self, **fields: Any) -> Schedule:
-        """Create a recurring schedule: cron (+ timezone) or every_s; see schedule_body."""
-        return cast(Schedule, self._json(Request("POST", "/v1/schedules", schedule_body(**fields))))
+    def create_schedule(
+        self,
+        *,
+        cron: str | None = None,
+        timezone: str | None = None,
+        every_s: float | None = None,
+        queue: str | None = None,
+        payload: Any = None,
+        start_at: datetime | str | None = None,
+        end_at: datetime | str | None = None,
+        max_runs: int | None = None,
+        retry: dict[str, Any] | None = None,
+        catchup: Catchup | None = None,
+        catchup_window_s: float | None = None,
+        overlap: Overlap | None = None,
+        paused: bool | None = None,
+    ) -> Schedule:
+        """Create a recurring schedule: cron (+ timezone) or every_s."""
+        body = schedule_body(
+            cron=cron, timezone=timezone, every_s=every_s, queue=queue, payload=payload,
+            start_at=start_at, end_at=end_at, max_runs=max_runs, retry=retry, catchup=catchup,
+            catchup_window_s=catchup_window_s, overlap=overlap, paused=paused,
+        )
+        return cast(Schedule, self._json(Request("POST", "/v1/schedules", body)))
 
     def get_schedule(self, schedule_id: str) -> Schedule:
         return cast(Schedule, self._json(get(_path(schedule_id))))
 
-    def update_schedule(self, schedule_id: str, **fields: Any) -> Schedule:
-        req = Request("PATCH", _path(schedule_id), schedule_body(**fields))
-        return cast(Schedule, self._json(req))
+    def update_schedule(
+        self,
+        schedule_id: str,
+        *,
+        cron: str | None = None,
+        timezone: str | None = None,
+        every_s: float | None = None,
+        queue: str | None = None,
+        payload: Any = None,
+        start_at: datetime | str | None = None,
+        end_at: datetime | str | None = None,
+        max_runs: int | None = None,
+        retry: dict[str, Any] | None = None,
+        catchup: Catchup | None = None,
+        catchup_window_s: float | None = None,
+        overlap: Overlap | None = None,
+        paused: bool | None = None,
+    ) -> Schedule:
+        """Change the given fields of a schedule."""
+        body = schedule_body(
+            cron=cron, timezone=timezone, every_s=every_s, queue=queue, payload=payload,
+            start_at=start_at, end_at=end_at, max_runs=max_runs, retry=retry, catchup=catchup,
+            catchup_window_s=catchup_window_s, overlap=overlap, paused=paused,
+        )
+        return cast(Schedule, self._json(Request("PATCH", _path(schedule_id), body)))
 
     def delete_schedule(self, schedule_id: str) -> Schedule:
         return cast(Schedule, self._json(Request("DELETE", _path(schedule_id))))
@@ -110,17 +153,59 @@ class AsyncScheduleMethods:
     async def _json(self, req: Request) -> Any:
         raise NotImplementedError
 
-    async def create_schedule(self, **fields: Any) -> Schedule:
+    async def create_schedule(
+        self,
+        *,
+        cron: str | None = None,
+        timezone: str | None = None,
+        every_s: float | None = None,
+        queue: str | None = None,
+        payload: Any = None,
+        start_at: datetime | str | None = None,
+        end_at: datetime | str | None = None,
+        max_runs: int | None = None,
+        retry: dict[str, Any] | None = None,
+        catchup: Catchup | None = None,
+        catchup_window_s: float | None = None,
+        overlap: Overlap | None = None,
+        paused: bool | None = None,
+    ) -> Schedule:
         """See ScheduleMethods.create_schedule."""
-        req = Request("POST", "/v1/schedules", schedule_body(**fields))
-        return cast(Schedule, await self._json(req))
+        body = schedule_body(
+            cron=cron, timezone=timezone, every_s=every_s, queue=queue, payload=payload,
+            start_at=start_at, end_at=end_at, max_runs=max_runs, retry=retry, catchup=catchup,
+            catchup_window_s=catchup_window_s, overlap=overlap, paused=paused,
+        )
+        return cast(Schedule, await self._json(Request("POST", "/v1/schedules", body)))
 
     async def get_schedule(self, schedule_id: str) -> Schedule:
         return cast(Schedule, await self._json(get(_path(schedule_id))))
 
-    async def update_schedule(self, schedule_id: str, **fields: Any) -> Schedule:
-        req = Request("PATCH", _path(schedule_id), schedule_body(**fields))
-        return cast(Schedule, await self._json(req))
+    async def update_schedule(
+        self,
+        schedule_id: str,
+        *,
+        cron: str | None = None,
+        timezone: str | None = None,
+        every_s: float | None = None,
+        queue: str | None = None,
+        payload: Any = None,
+        start_at: datetime | str | None = None,
+        end_at: datetime | str | None = None,
+        max_runs: int | None = None,
+        retry: dict[str, Any] | None = None,
+        catchup: Catchup | None = None,
+        catchup_window_s: float | None = None,
+        overlap: Overlap | None = None,
+        paused: bool | None = None,
+    ) -> Schedule:
+        """See ScheduleMethods.update_schedule."""
+        body = schedule_body(
+            cron=cron, timezone=timezone, every_s=every_s, queue=queue, payload=payload,
+            start_at=start_at, end_at=end_at, max_runs=max_runs, retry=retry, catchup=catchup,
+            catchup_window_s=catchup_window_s, overlap=overlap, paused=paused,
+        )
+        return cast(Schedule, await self._json(Request("PATCH", _path(schedule_id), body)))
 
     async def delete_schedule(self, schedule_id: str) -> Schedule:
         return cast(Schedule, await self._json(Request("DELETE", _path(schedule_id))))
