@@ -7,7 +7,7 @@ from contextlib import asynccontextmanager
 
 from starlette.applications import Starlette
 
-from timewheel.api.coalesce import CreateCoalescer
+from timewheel.api.coalescer import CreateCoalescer
 from timewheel.api.endpoints import Endpoint, build_routes
 from timewheel.api.errors import HANDLERS
 from timewheel.api.metrics import ApiMetrics

@@ -6,7 +6,7 @@ from starlette.responses import JSONResponse, Response
 
 from timewheel.api import schemas
 from timewheel.api.endpoints import Call, Endpoint
-from timewheel.errors import NotFound
+from timewheel.errors import NotFound, ValidationError
 from timewheel.tenants import ADMIN, Limits
 
 
@@ -14,7 +14,7 @@ def _tenant_id(call: Call) -> str:
     tenant_id = call.path["tenant_id"]
     try:
         schemas.TENANT_CREATE.fields["id"].parse(tenant_id, "tenant")
-    except Exception:
+    except ValidationError:  # not a name a tenant can have: unknown, like any other
         raise NotFound(f"tenant {tenant_id!r} not found") from None
     return tenant_id
 
@@ -23,8 +23,6 @@ async def create_tenant(call: Call) -> Response:
     limits = Limits(**call.data.get("limits", {}))
     max_payload = call.engine.settings.max_payload_bytes
     if limits.max_payload_bytes is not None and limits.max_payload_bytes > max_payload:
-        from timewheel.errors import ValidationError
-
         raise ValidationError(
             f"limits.max_payload_bytes must be at most the deployment's {max_payload}",
             field="limits.max_payload_bytes",
