@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -325,3 +326,13 @@ async def test_openapi_describes_exactly_the_routes(
         "none",
     ]
     assert {"201", "200", "400", "401", "403", "413", "422", "429"} <= set(create["responses"])
+
+
+async def test_concurrent_creates_each_get_their_own_answer(client: httpx.AsyncClient) -> None:
+    """Creates arriving together share a pipeline (api/coalescer.py) but answer apart."""
+    bodies: list[dict[str, object]] = [{"delay": 60, "payload": i} for i in range(50)]
+    bodies += [{"delay": 60, "payload": "same", "idempotency_key": "together"}] * 2
+    resps = await asyncio.gather(*(client.post("/v1/tasks", json=b) for b in bodies))
+    assert sorted(r.status_code for r in resps) == [200] + [201] * 51
+    assert [r.json()["payload"] for r in resps[:50]] == list(range(50))
+    assert len({r.json()["id"] for r in resps}) == 51

@@ -107,6 +107,9 @@ def test_tenant_and_key_admin(api_server: ApiServer, admin: Client) -> None:
     with pytest.raises(UnprocessableError) as bad_limit:
         admin.create_tenant(_name("t"), max_pending=0)
     assert bad_limit.value.field == "limits.max_pending"
+    with pytest.raises(UnprocessableError) as over_deployment:
+        admin.create_tenant(_name("t"), max_payload_bytes=10**7)
+    assert over_deployment.value.field == "limits.max_payload_bytes"
     with pytest.raises(BadRequestError) as malformed:
         raise_for(
             httpx.post(f"{api_server.url}/v1/tenants", content=b"{nope", headers=_auth(admin))
