@@ -9,11 +9,14 @@ from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
+import redis.asyncio as aioredis
 from starlette.routing import Route
 
 from tests.test_engine import prime, tick_all
 from timewheel.api import create_app
+from timewheel.config import Settings
 from timewheel.engine import Engine
+from timewheel.redis_server import find_free_port
 from timewheel.tenants import Limits, TenantStore
 from timewheel.worker import Worker
 
@@ -336,3 +339,21 @@ async def test_concurrent_creates_each_get_their_own_answer(client: httpx.AsyncC
     assert sorted(r.status_code for r in resps) == [200] + [201] * 51
     assert [r.json()["payload"] for r in resps[:50]] == list(range(50))
     assert len({r.json()["id"] for r in resps}) == 51
+
+
+async def test_redis_down_is_503_not_500() -> None:
+    url = f"redis://127.0.0.1:{find_free_port()}"
+    settings = Settings(redis_url=url, admin_key="tw_admin")
+    engine = Engine(aioredis.Redis.from_url(url, socket_connect_timeout=0.5), settings)
+    app = create_app(settings, engine=engine)
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://tw") as c:
+            assert (await c.get("/readyz")).status_code == 503
+            resp = await c.get("/v1/tasks/x", headers={"Authorization": "Bearer tw_some_key"})
+            assert_error(resp, 503, "unavailable")
+            admin = {"Authorization": "Bearer tw_admin"}
+            resp = await c.post("/v1/tenants", json={"id": "acme"}, headers=admin)
+            assert_error(resp, 503, "unavailable")
+    finally:
+        await engine.close()
