@@ -9,7 +9,8 @@
   ARGV[9] bucket_ms   ARGV[10] now_ms override ('' = TIME)   ARGV[11] event log cap
   ARGV[12] wake channel ('' = none)   ARGV[13] shard number (the wake message)
   Derived keys (same tag): near:<tenant>, due, w:<bucket>, wheel.
-  Returns: {1, due_ms, wake}    created; wake = 1 if it moved the shard's next action earlier
+  Returns: {1, due_ms, wake, now_ms}  created; wake = 1 if it moved the shard's next action
+                                earlier; now_ms = the record's created time
            {0, record}          an idempotent duplicate: the existing record, unchanged
   Errors:  -1 NOT_FOUND is never returned here; a random-id collision is an error reply. ]]
 local rcall = redis.call
@@ -54,4 +55,4 @@ event_emit(events_key, event_cap, 'e', 'created', 'id', run_id, 'tenant', tenant
 if wake == 1 and wake_channel ~= '' then
   rcall('PUBLISH', wake_channel, shard)
 end
-return { 1, due_ms, wake }
+return { 1, due_ms, wake, now }

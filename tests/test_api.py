@@ -2,24 +2,40 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
+import redis.asyncio as aioredis
+from starlette.routing import Route
 
 from tests.test_engine import prime, tick_all
 from timewheel.api import create_app
+from timewheel.config import Settings
 from timewheel.engine import Engine
+from timewheel.redis_server import find_free_port
+from timewheel.tenants import Limits, TenantStore
 from timewheel.worker import Worker
+
+
+async def tenant_headers(engine: Engine, tenant: str) -> dict[str, str]:
+    """Register `tenant` (if new) and return headers with a fresh key of it."""
+    store = TenantStore(engine.client, engine.keys, bucket_ms=engine.settings.bucket_ms)
+    if not await engine.client.hexists(engine.keys.tenants(), tenant):
+        await store.create_tenant(tenant, Limits())
+    _, key = await store.issue_key(tenant)
+    return {"Authorization": f"Bearer {key}"}
 
 
 @pytest.fixture
 async def client(standalone_engine: Engine) -> AsyncIterator[httpx.AsyncClient]:
     app = create_app(standalone_engine.settings, engine=standalone_engine)
     transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
-    async with httpx.AsyncClient(transport=transport, base_url="http://tw") as c:
+    headers = await tenant_headers(standalone_engine, "default")
+    async with httpx.AsyncClient(transport=transport, base_url="http://tw", headers=headers) as c:
         yield c
 
 
@@ -57,7 +73,7 @@ async def test_create_get_patch_delete(client: httpx.AsyncClient) -> None:
     assert task["state"] == "scheduled" and task["queue"] == "evals" and task["payload"] == {"n": 1}
     assert task["retry"] == {"max_attempts": 3}
     got = await client.get(f"/v1/tasks/{task['id']}")
-    assert got.status_code == 200 and got.json()["id"] == task["id"]
+    assert got.status_code == 200 and got.json() == task  # the create answer is the record
     new_time = in_future(120)
     patched = await client.patch(
         f"/v1/tasks/{task['id']}", json={"run_at": new_time, "payload": [1, 2]}
@@ -101,11 +117,12 @@ async def test_cancel_after_dispatch_is_409(
     )
 
 
-async def test_tenants_do_not_see_each_other(client: httpx.AsyncClient) -> None:
-    created = (
-        await client.post("/v1/tasks", json={"delay": 60}, headers={"X-Timewheel-Tenant": "acme"})
-    ).json()
-    other = {"X-Timewheel-Tenant": "globex"}
+async def test_tenants_do_not_see_each_other(
+    client: httpx.AsyncClient, standalone_engine: Engine
+) -> None:
+    acme = await tenant_headers(standalone_engine, "acme")
+    created = (await client.post("/v1/tasks", json={"delay": 60}, headers=acme)).json()
+    other = await tenant_headers(standalone_engine, "globex")
     for method in ("GET", "DELETE"):
         resp = await client.request(method, f"/v1/tasks/{created['id']}", headers=other)
         assert_error(resp, 404, "not_found")
@@ -177,7 +194,7 @@ async def test_oversized_body_is_refused_without_reading_it(client: httpx.AsyncC
     assert_error(resp, 413, "payload_too_large", "payload")
 
 
-async def test_bad_patch_and_tenant_input(client: httpx.AsyncClient) -> None:
+async def test_bad_patch_and_key_input(client: httpx.AsyncClient) -> None:
     task = (await client.post("/v1/tasks", json={"delay": 60})).json()
     assert_error(await client.patch(f"/v1/tasks/{task['id']}", json={}), 422, "invalid", "run_at")
     assert_error(
@@ -186,8 +203,8 @@ async def test_bad_patch_and_tenant_input(client: httpx.AsyncClient) -> None:
     assert_error(
         await client.patch(f"/v1/tasks/{task['id']}", content=b"nope"), 400, "malformed_json"
     )
-    resp = await client.get(f"/v1/tasks/{task['id']}", headers={"X-Timewheel-Tenant": "a b"})
-    assert_error(resp, 422, "invalid", "tenant")
+    resp = await client.get(f"/v1/tasks/{task['id']}", headers={"Authorization": "Bearer nope"})
+    assert_error(resp, 401, "unauthorized")
     assert_error(await client.put(f"/v1/tasks/{task['id']}", json={}), 405, "method_not_allowed")
     assert_error(await client.get("/v2/nothing"), 404, "not_found")
 
@@ -240,7 +257,7 @@ async def test_run_history_and_dead_letters_over_http(
     page = (await client.get("/v1/dead-letters?limit=10")).json()
     assert [d["run_id"] for d in page["items"]] == [task["id"]] and page["next_cursor"] is None
     assert page["items"][0]["payload"] == {"k": "v"} and page["items"][0]["reason"] == "failed"
-    other = {"X-Timewheel-Tenant": "globex"}
+    other = await tenant_headers(standalone_engine, "globex")
     assert (await client.get("/v1/dead-letters", headers=other)).json()["items"] == []
     assert_error(
         await client.post(f"/v1/dead-letters/{task['id']}/replay", headers=other), 404, "not_found"
@@ -278,3 +295,65 @@ async def test_dead_letter_pages_and_purge(
     assert purged.status_code == 200
     assert_error(await client.get(f"/v1/tasks/{ids[0]}"), 404, "not_found")
     assert len((await client.get("/v1/dead-letters")).json()["items"]) == 4
+
+
+async def test_a_full_batch_may_exceed_the_single_body_limit(client: httpx.AsyncClient) -> None:
+    tasks = [{"delay": 60, "payload": "x" * 300}] * 1000  # about 330 KB
+    resp = await client.post("/v1/tasks/batch", json={"tasks": tasks})
+    assert resp.status_code == 200, resp.text
+    assert {r["status"] for r in resp.json()["results"]} == {201}
+    single = await client.post("/v1/tasks", json={"delay": 1, "payload": ["x" * 1000] * 300})
+    assert_error(single, 413, "payload_too_large", "payload")
+
+
+async def test_openapi_describes_exactly_the_routes(
+    client: httpx.AsyncClient, standalone_engine: Engine
+) -> None:
+    doc = (await client.get("/openapi.json")).json()
+    documented = {(m.upper(), p) for p, ops in doc["paths"].items() for m in ops}
+    app = create_app(standalone_engine.settings, engine=standalone_engine)
+    routed = {
+        (m, r.path)
+        for r in app.routes
+        if isinstance(r, Route)
+        for m in (r.methods or ())
+        if m != "HEAD"
+    }
+    assert documented == routed
+    create = doc["paths"]["/v1/tasks"]["post"]
+    body = create["requestBody"]["content"]["application/json"]["schema"]
+    assert body["additionalProperties"] is False
+    assert body["properties"]["retry"]["properties"]["jitter"]["enum"] == [
+        "full",
+        "proportional",
+        "none",
+    ]
+    assert {"201", "200", "400", "401", "403", "413", "422", "429"} <= set(create["responses"])
+
+
+async def test_concurrent_creates_each_get_their_own_answer(client: httpx.AsyncClient) -> None:
+    """Creates arriving together share a pipeline (api/coalescer.py) but answer apart."""
+    bodies: list[dict[str, object]] = [{"delay": 60, "payload": i} for i in range(50)]
+    bodies += [{"delay": 60, "payload": "same", "idempotency_key": "together"}] * 2
+    resps = await asyncio.gather(*(client.post("/v1/tasks", json=b) for b in bodies))
+    assert sorted(r.status_code for r in resps) == [200] + [201] * 51
+    assert [r.json()["payload"] for r in resps[:50]] == list(range(50))
+    assert len({r.json()["id"] for r in resps}) == 51
+
+
+async def test_redis_down_is_503_not_500() -> None:
+    url = f"redis://127.0.0.1:{find_free_port()}"
+    settings = Settings(redis_url=url, admin_key="tw_admin")
+    engine = Engine(aioredis.Redis.from_url(url, socket_connect_timeout=0.5), settings)
+    app = create_app(settings, engine=engine)
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://tw") as c:
+            assert (await c.get("/readyz")).status_code == 503
+            resp = await c.get("/v1/tasks/x", headers={"Authorization": "Bearer tw_some_key"})
+            assert_error(resp, 503, "unavailable")
+            admin = {"Authorization": "Bearer tw_admin"}
+            resp = await c.post("/v1/tenants", json={"id": "acme"}, headers=admin)
+            assert_error(resp, 503, "unavailable")
+    finally:
+        await engine.close()

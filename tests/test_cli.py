@@ -53,11 +53,16 @@ def test_dev_runs_redis_api_and_scheduler_and_stops_cleanly(tmp_path: Path) -> N
     try:
         _wait_for("scheduler_started", log)
         _wait_for("api_listening", log)
+        key = _wait_for(r"export TIMEWHEEL_KEY=(\S+)", log).group(1)
+        _wait_for(r"export TIMEWHEEL_ADMIN_KEY=\S+", log)
+        auth = {"Authorization": f"Bearer {key}"}
         base = f"http://127.0.0.1:{api_port}"
         deadline = time.monotonic() + 10
         while True:  # uvicorn binds right after it logs
             try:
-                resp = httpx.post(f"{base}/v1/tasks", json={"delay": 0.5, "payload": {"hi": 1}})
+                resp = httpx.post(
+                    f"{base}/v1/tasks", json={"delay": 0.5, "payload": {"hi": 1}}, headers=auth
+                )
                 break
             except httpx.ConnectError:
                 assert time.monotonic() < deadline
@@ -79,7 +84,9 @@ def test_dev_runs_redis_api_and_scheduler_and_stops_cleanly(tmp_path: Path) -> N
             assert fields[b"payload"] == b'{"hi":1}'
         finally:
             client.close()
-        assert httpx.get(f"{base}/v1/tasks/{task_id}").json()["state"] == "dispatched"
+        got = httpx.get(f"{base}/v1/tasks/{task_id}", headers=auth)
+        assert got.json()["state"] == "dispatched"
+        assert httpx.get(f"{base}/v1/tasks/{task_id}").status_code == 401
         assert (tmp_path / "data" / "redis" / "appendonlydir").is_dir()
     finally:
         proc.send_signal(signal.SIGINT)

@@ -13,7 +13,7 @@ import pytest
 
 from tests.conftest import test_settings
 from tests.helpers import all_deliveries, running_scheduler
-from tests.test_api import assert_error
+from tests.test_api import assert_error, tenant_headers
 from timewheel.api import create_app
 from timewheel.engine import Engine
 
@@ -31,7 +31,9 @@ async def engine(standalone_url: str) -> AsyncIterator[Engine]:
 async def client(engine: Engine) -> AsyncIterator[httpx.AsyncClient]:
     app = create_app(engine.settings, engine=engine)
     transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
-    async with httpx.AsyncClient(transport=transport, base_url="http://tw") as c:
+    headers = await tenant_headers(engine, "default")
+    async with httpx.AsyncClient(transport=transport, base_url="http://tw", headers=headers) as c:
+        c.other_headers = await tenant_headers(engine, "other")  # type: ignore[attr-defined]
         yield c
 
 
@@ -142,7 +144,7 @@ async def test_invalid_schedules_get_422_naming_the_field(
 
 async def test_unknown_and_foreign_schedules_are_404(client: httpx.AsyncClient) -> None:
     sid = (await client.post("/v1/schedules", json={"every_s": 60})).json()["id"]
-    other = {"X-Timewheel-Tenant": "other"}
+    other = client.other_headers  # type: ignore[attr-defined]
     for method, path in [
         ("GET", ""),
         ("PATCH", ""),

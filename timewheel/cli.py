@@ -1,29 +1,37 @@
-"""The `timewheel` command: dev, api, scheduler, scripts check."""
+"""The `timewheel` command: dev, api, scheduler, worker, webhook, scripts check; and the
+API client commands task, dlq, tenant (timewheel/cli_client.py)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import dataclasses
 import importlib
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from pathlib import Path
+from typing import Any
 
+import structlog
 from redis.exceptions import RedisError
 
 from timewheel import __version__
+from timewheel.cli_client import CLIENT_COMMANDS, add_client_commands, run_client_command
 from timewheel.config import Settings
 from timewheel.engine import Engine
-from timewheel.errors import ConfigError, TimewheelError, ValidationError
+from timewheel.errors import ConfigError, Conflict, TimewheelError, ValidationError
 from timewheel.logs import configure
 from timewheel.scripts import OPERATIONS, Script, ScriptCode, header_codes
 from timewheel.serve import serve
+from timewheel.tenants import Limits, TenantStore, new_key
 from timewheel.webhook import WebhookExecutor
 from timewheel.worker import Handler, Worker
 
 DEV_REDIS_PORT = 6399
+log = structlog.get_logger("timewheel")
 
 
 def _add_common(p: argparse.ArgumentParser, *, redis_url: bool = True) -> None:
@@ -163,6 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
         "check", help="check headers, and load every script if a Redis URL is given"
     )
     check.add_argument("--redis-url")
+    add_client_commands(sub)
     return parser
 
 
@@ -179,6 +188,9 @@ async def _run_dev(args: argparse.Namespace) -> None:
     server.start()
     try:
         settings = _settings(args, redis_url=server.url)
+        generated = not settings.admin_key
+        if generated:
+            settings = dataclasses.replace(settings, admin_key=new_key())
         engine = await Engine.connect(settings)
         print(
             f"timewheel dev: API http://{args.host}:{args.port}  redis {server.url} "
@@ -187,6 +199,11 @@ async def _run_dev(args: argparse.Namespace) -> None:
             flush=True,
         )
         try:
+            tenant_key = await _dev_tenant_key(engine)
+            if generated:
+                print(f"export TIMEWHEEL_ADMIN_KEY={settings.admin_key}", flush=True)
+            print(f"export TIMEWHEEL_KEY={tenant_key}   # tenant 'default'", flush=True)
+            print(f"export TIMEWHEEL_URL=http://{args.host}:{args.port}", flush=True)
             await serve(engine, api=True, scheduler=True, host=args.host, port=args.port)
         finally:
             await engine.close()
@@ -194,10 +211,24 @@ async def _run_dev(args: argparse.Namespace) -> None:
         server.stop()
 
 
+async def _dev_tenant_key(engine: Engine) -> str:
+    """Register tenant `default` if it is not, and issue a key for it."""
+    store = TenantStore(engine.client, engine.keys, bucket_ms=engine.settings.bucket_ms)
+    with contextlib.suppress(Conflict):
+        await store.create_tenant("default", Limits())
+    _, key = await store.issue_key("default")
+    return key
+
+
 async def _run(args: argparse.Namespace, *, api: bool, scheduler: bool) -> None:
     if getattr(args, "lease_ttl_ms", 2000) < 100:
         raise ConfigError("--lease-ttl-ms must be at least 100")
     engine = await Engine.connect(_settings(args))
+    if api and not engine.settings.admin_key:
+        log.warning(
+            "no_admin_key",
+            detail="TIMEWHEEL_ADMIN_KEY is unset: tenants and keys cannot be managed over HTTP",
+        )
     try:
         if not args.unsafe_durability:
             await engine.check_durability()
@@ -240,14 +271,28 @@ async def _scripts_check(args: argparse.Namespace) -> None:
         print(f"all {len(OPERATIONS)} scripts load on {args.redis_url}")
 
 
+def _run_fast(main: Coroutine[Any, Any, None]) -> None:
+    """Run on uvloop when it is installed (uvicorn[standard] brings it): the API serves
+    about twice the requests per core. uvicorn runs inside our loop, so its own `loop`
+    setting would not apply."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvicorn[standard] installs it
+        asyncio.run(main)
+        return
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(main)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    configure(getattr(args, "log_level", "info"), json=getattr(args, "log_json", False))
+    if args.command not in CLIENT_COMMANDS:  # client commands print results, not logs
+        configure(getattr(args, "log_level", "info"), json=getattr(args, "log_json", False))
     try:
         if args.command == "dev":
-            asyncio.run(_run_dev(args))
+            _run_fast(_run_dev(args))
         elif args.command == "api":
-            asyncio.run(_run(args, api=True, scheduler=False))
+            _run_fast(_run(args, api=True, scheduler=False))
         elif args.command == "scheduler":
             asyncio.run(_run(args, api=False, scheduler=True))
         elif args.command in ("worker", "webhook"):
@@ -256,6 +301,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             asyncio.run(_run_executor(args))
         elif args.command == "scripts":
             asyncio.run(_scripts_check(args))
+        elif args.command in CLIENT_COMMANDS:
+            return run_client_command(args)
     except (ConfigError, ValidationError) as exc:
         print(f"timewheel: {exc}", file=sys.stderr)
         return 2

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from timewheel.errors import ConfigError
@@ -72,6 +72,9 @@ class Settings:
     holding Redis long enough to delay dispatch)."""
     plan_interval_ms: int = 1_000
     """How often a scheduler node runs the planner over each shard it holds."""
+    admin_key: str = field(default="", repr=False)
+    """The bootstrap admin API key (TIMEWHEEL_ADMIN_KEY); empty: no admin key. Only its
+    SHA-256 is kept by the API process. Tenant keys are issued with it and live in Redis."""
 
     def __post_init__(self) -> None:
         if self.shards < 1 or self.shards > MAX_SHARDS or self.shards & (self.shards - 1):

@@ -224,7 +224,8 @@ class Engine(OutcomeOps, ScheduleOps):
 
     def _created(self, task_id: str, reply: list[Any]) -> CreateResult:
         if int(reply[0]) == 1:
-            return CreateResult(None, task_id, True, int(reply[1]), bool(int(reply[2])))
+            created_ms = int(reply[3]) if len(reply) > 3 else None
+            return CreateResult(None, task_id, True, int(reply[1]), bool(int(reply[2])), created_ms)
         task = record.decode(task_id, reply[1])
         return CreateResult(task, task_id, False, task.due_ms)
 

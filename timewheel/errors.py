@@ -4,6 +4,22 @@
     ├── ConfigError               settings or environment unusable (missing binary, bad URL)
     ├── PermanentError            raised by a handler: the run cannot succeed, dead-letter it
     ├── RedisUnavailable          Redis could not be reached or answered with a server error
+    ├── Unauthorized              no API key, or one that is unknown or revoked (HTTP 401)
+    ├── Forbidden                 the key's role does not allow the endpoint (HTTP 403)
+    ├── NotFound                  no such tenant or key (HTTP 404)
+    ├── Conflict                  the thing to create exists already (HTTP 409)
+    ├── OverLimit                 the tenant is over one of its limits (HTTP 429)
+    ├── ApiError                  the SDK: the server answered 4xx/5xx (timewheel.client)
+    │   ├── BadRequestError       400 malformed JSON
+    │   ├── AuthenticationError   401
+    │   ├── PermissionDeniedError 403
+    │   ├── NotFoundError         404
+    │   ├── ConflictError         409
+    │   ├── PayloadTooLargeError  413
+    │   ├── UnprocessableError    422 a field is invalid (`field` names it)
+    │   ├── RateLimitedError      429 (`retry_after_s`)
+    │   └── ServerError           5xx
+    ├── TransportError            the SDK could not reach the server (after its retries)
     ├── ValidationError           a request field is malformed (HTTP 400/413/422)
     │   ├── PayloadTooLarge       payload over the configured limit (HTTP 413)
     │   └── InvalidSchedule       a cron expression, time zone or time window cannot work
@@ -94,3 +110,96 @@ class LeaseLost(ScriptError):
     def __init__(self, shard: int):
         super().__init__(f"lease on shard {shard} lost")
         self.shard = shard
+
+
+class Unauthorized(TimewheelError):
+    """Raised when a request has no API key, or one that is unknown or revoked."""
+
+    code = "unauthorized"
+
+
+class Forbidden(TimewheelError):
+    """Raised when the key is valid but its role may not use the endpoint (tenant vs admin)."""
+
+    code = "forbidden"
+
+
+class NotFound(TimewheelError):
+    """Raised when a tenant or an API key id is unknown (tasks have TaskNotFound)."""
+
+    code = "not_found"
+
+
+class Conflict(TimewheelError):
+    """Raised when creating something whose id exists already (a tenant)."""
+
+    code = "conflict"
+
+
+class OverLimit(TimewheelError):
+    """Raised when a tenant is over one of its limits; `retry_after_s` says when to retry."""
+
+    code = "over_limit"
+
+    def __init__(self, message: str, *, retry_after_s: int, field: str | None = None):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+        self.field = field
+
+
+class ApiError(TimewheelError):
+    """Raised by the SDK (timewheel.client) when the API answers with an error status."""
+
+    def __init__(self, status: int, code: str, message: str, field: str | None = None):
+        super().__init__(f"{status} {code}: {message}" + (f" (field {field})" if field else ""))
+        self.status = status
+        self.code = code
+        self.message = message
+        self.field = field
+
+
+class BadRequestError(ApiError):
+    """400: the request body is not a JSON object."""
+
+
+class AuthenticationError(ApiError):
+    """401: no API key, or an unknown or revoked one."""
+
+
+class PermissionDeniedError(ApiError):
+    """403: the key may not use this endpoint (admin only)."""
+
+
+class NotFoundError(ApiError):
+    """404: unknown id, or another tenant's (never distinguished)."""
+
+
+class ConflictError(ApiError):
+    """409: the task is past the state the change needs, or the tenant exists."""
+
+
+class PayloadTooLargeError(ApiError):
+    """413: the payload is over the deployment's or the tenant's limit."""
+
+
+class UnprocessableError(ApiError):
+    """422: a field is invalid; `field` names it."""
+
+
+class RateLimitedError(ApiError):
+    """429: the tenant is over a limit; retry after `retry_after_s` seconds."""
+
+    def __init__(
+        self, status: int, code: str, message: str, field: str | None = None,
+        retry_after_s: float | None = None,
+    ):
+        super().__init__(status, code, message, field)
+        self.retry_after_s = retry_after_s
+
+
+class ServerError(ApiError):
+    """5xx: the server failed (or Redis is unavailable: 503)."""
+
+
+class TransportError(TimewheelError):
+    """Raised by the SDK when the server cannot be reached (after retrying idempotent calls)."""

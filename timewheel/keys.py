@@ -92,6 +92,24 @@ class Keys:
         """Pub/sub channel on which creates announce a shard whose next due time moved earlier."""
         return f"{self.prefix}:wake"
 
+    def tenants(self) -> str:
+        """HASH tenant id -> JSON {limits, created_ms}: the registered tenants (global key)."""
+        return f"{self.prefix}:tenants"
+
+    def api_keys(self) -> str:
+        """HASH sha256 hex of an API key -> JSON {tenant, key_id, role} (global key).
+        Only hashes are stored: a key is shown once, when it is issued."""
+        return f"{self.prefix}:apikeys"
+
+    def tenant_keys(self, tenant: str) -> str:
+        """HASH key id -> sha256 hex: a tenant's keys, so one can be revoked by its id."""
+        return f"{self.prefix}:tenantkeys:{tenant}"
+
+    def pending(self, tenant: str) -> str:
+        """HASH due-bucket start ms -> count of the tenant's scheduled runs created through
+        the API with that due bucket (the max_pending estimate; timewheel/tenants.py)."""
+        return f"{self.prefix}:pending:{tenant}"
+
     def shard_of_key(self, key: str) -> int:
         """The shard number in a key built here."""
         start = key.index("{") + len(self.prefix) + 2

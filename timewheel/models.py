@@ -79,6 +79,8 @@ class CreateResult:
     created: bool
     due_ms: int
     wake: bool = False
+    created_ms: int | None = None
+    """The created time the record holds (shard clock), for a new task."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -62,6 +62,7 @@ async def serve(
             host=host,
             port=port,
             log_level="warning",
+            access_log=False,  # one log call per request; /metrics counts requests instead
             lifespan="on",
         )
         server = _Server(config)

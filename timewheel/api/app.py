@@ -2,20 +2,51 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
 from starlette.applications import Starlette
 
+from timewheel.api.coalescer import CreateCoalescer
+from timewheel.api.endpoints import Endpoint, build_routes
 from timewheel.api.errors import HANDLERS
-from timewheel.api.routes import ROUTES
-from timewheel.api.schedule_routes import SCHEDULE_ROUTES
+from timewheel.api.metrics import ApiMetrics
+from timewheel.api.openapi import document
+from timewheel.api.routes import OPS_ENDPOINTS, TASK_ENDPOINTS
+from timewheel.api.schedule_routes import SCHEDULE_ENDPOINTS
+from timewheel.api.tenant_routes import TENANT_ENDPOINTS
 from timewheel.config import Settings
 from timewheel.engine import Engine
+from timewheel.tenants import TenantStore
+
+ENDPOINTS: list[Endpoint] = [
+    *TASK_ENDPOINTS,
+    *SCHEDULE_ENDPOINTS,
+    *TENANT_ENDPOINTS,
+    *OPS_ENDPOINTS,
+]
+"""Every endpoint: the router and /openapi.json are built from this list."""
 
 
-def create_app(settings: Settings | None = None, *, engine: Engine | None = None) -> Starlette:
-    """The API app. With `engine`, it is used as is (and not closed); else one is connected."""
+def create_app(
+    settings: Settings | None = None,
+    *,
+    engine: Engine | None = None,
+    extra_endpoints: Sequence[Endpoint] = (),
+) -> Starlette:
+    """The API app. With `engine`, it is used as is (and not closed); else one is connected.
+
+    The bootstrap admin key is `settings.admin_key` (TIMEWHEEL_ADMIN_KEY); tenant keys are
+    in Redis.
+    """
+    endpoints = [*ENDPOINTS, *extra_endpoints]
+
+    def attach(app: Starlette, eng: Engine) -> None:
+        app.state.engine = eng
+        app.state.creates = CreateCoalescer(eng)
+        app.state.tenant_store = TenantStore(
+            eng.client, eng.keys, admin_key=eng.settings.admin_key, bucket_ms=eng.settings.bucket_ms
+        )
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -23,13 +54,15 @@ def create_app(settings: Settings | None = None, *, engine: Engine | None = None
             yield
             return
         owned = await Engine.connect(settings or Settings.from_env())
-        app.state.engine = owned
+        attach(app, owned)
         try:
             yield
         finally:
             await owned.close()
 
-    app = Starlette(routes=ROUTES + SCHEDULE_ROUTES, exception_handlers=HANDLERS, lifespan=lifespan)
+    app = Starlette(routes=build_routes(endpoints), exception_handlers=HANDLERS, lifespan=lifespan)
+    app.state.metrics = ApiMetrics()
+    app.state.openapi = document(endpoints)
     if engine is not None:
-        app.state.engine = engine
+        attach(app, engine)
     return app

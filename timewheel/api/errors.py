@@ -8,35 +8,56 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from timewheel.errors import (
+    Conflict,
+    Forbidden,
     InvalidState,
+    NotFound,
+    OverLimit,
     PayloadTooLarge,
     RedisUnavailable,
     TaskNotFound,
     TimewheelError,
+    Unauthorized,
     ValidationError,
 )
 
 log = structlog.get_logger("timewheel.api")
 
+STATUS: tuple[tuple[type[TimewheelError], int], ...] = (
+    (PayloadTooLarge, 413),
+    (Unauthorized, 401),
+    (Forbidden, 403),
+    (TaskNotFound, 404),
+    (NotFound, 404),
+    (InvalidState, 409),
+    (Conflict, 409),
+    (OverLimit, 429),
+    (RedisUnavailable, 503),
+)
+"""Exception class -> HTTP status; ValidationError is 400 (malformed_json) or 422."""
 
-def error_response(status: int, code: str, message: str, field: str | None = None) -> JSONResponse:
+
+def error_response(
+    status: int,
+    code: str,
+    message: str,
+    field: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
     return JSONResponse(
-        {"error": {"code": code, "message": message, "field": field}}, status_code=status
+        {"error": {"code": code, "message": message, "field": field}},
+        status_code=status,
+        headers=headers,
     )
 
 
 def status_of(exc: TimewheelError) -> int:
     """The HTTP status of an error of ours."""
-    if isinstance(exc, PayloadTooLarge):
-        return 413
+    for cls, status in STATUS:
+        if isinstance(exc, cls):
+            return status
     if isinstance(exc, ValidationError):
         return 400 if exc.code == "malformed_json" else 422
-    if isinstance(exc, TaskNotFound):
-        return 404
-    if isinstance(exc, InvalidState):
-        return 409
-    if isinstance(exc, RedisUnavailable):
-        return 503
     return 500
 
 
@@ -46,27 +67,27 @@ def error_body(exc: TimewheelError) -> dict[str, str | None]:
     return {"code": code, "message": str(exc), "field": getattr(exc, "field", None)}
 
 
-async def timewheel_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, TimewheelError)
-    status = status_of(exc)
-    if status >= 500:
-        log.warning("request_failed", path=request.url.path, error=str(exc))
-    return JSONResponse({"error": error_body(exc)}, status_code=status)
-
-
-async def http_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, HTTPException)
-    codes = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
-    return error_response(exc.status_code, codes.get(exc.status_code, "http_error"), exc.detail)
-
-
-async def unexpected_error(request: Request, exc: Exception) -> Response:
+def response_for(request: Request, exc: Exception) -> Response:
+    """The response for any exception a handler raised."""
+    if isinstance(exc, TimewheelError):
+        status = status_of(exc)
+        if status >= 500:
+            log.warning("request_failed", path=request.url.path, error=str(exc))
+        headers = None
+        if isinstance(exc, OverLimit):
+            headers = {"Retry-After": str(exc.retry_after_s)}
+        return JSONResponse({"error": error_body(exc)}, status_code=status, headers=headers)
+    if isinstance(exc, HTTPException):
+        codes = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
+        return error_response(
+            exc.status_code, codes.get(exc.status_code, "http_error"), exc.detail
+        )
     log.exception("unhandled_error", path=request.url.path)
     return error_response(500, "internal", "internal error; see the server log")
 
 
-HANDLERS = {
-    TimewheelError: timewheel_error,
-    HTTPException: http_error,
-    Exception: unexpected_error,
-}
+async def handle(request: Request, exc: Exception) -> Response:
+    return response_for(request, exc)
+
+
+HANDLERS = {HTTPException: handle, Exception: handle}

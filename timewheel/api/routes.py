@@ -1,90 +1,119 @@
-"""Handlers of the HTTP API v1 (DESIGN.md section 11)."""
+"""Task, dead-letter and operations handlers of the HTTP API v1 (DESIGN.md section 11),
+and their rows of the endpoint table."""
 
 from __future__ import annotations
 
 import json
+import time
 
-from starlette.requests import Request
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
 
-from timewheel import deadletters
+from timewheel import deadletters, tasklist
 from timewheel.api import schemas
+from timewheel.api.endpoints import PUBLIC, Call, Endpoint
 from timewheel.api.errors import error_body, status_of
-from timewheel.engine import Engine, NewTask, validate_name
+from timewheel.engine import NewTask
 from timewheel.errors import PayloadTooLarge, ValidationError
 from timewheel.history import run_history
-from timewheel.models import ms_to_rfc3339
-
-TENANT_HEADER = "x-timewheel-tenant"
-DEFAULT_TENANT = "default"
+from timewheel.models import CreateResult, Task, ms_to_rfc3339
+from timewheel.tenants import Tenant
 
 
-def _engine(request: Request) -> Engine:
-    engine: Engine = request.app.state.engine
-    return engine
+def _check_payload(tenant: Tenant, new: NewTask) -> None:
+    limit = tenant.limits.max_payload_bytes
+    if limit is not None and len(new.payload_json.encode()) > limit:
+        raise PayloadTooLarge(
+            f"payload is {len(new.payload_json.encode())} bytes; the tenant's limit is {limit}",
+            field="payload",
+        )
 
 
-def _tenant(request: Request) -> str:
-    # Until API keys land (issue 6), the tenant comes from a header or is `default`.
-    return validate_name(request.headers.get(TENANT_HEADER, DEFAULT_TENANT), "tenant")
+def _due_estimate(new: NewTask) -> int:
+    if new.run_at_ms is not None:
+        return new.run_at_ms
+    return int(time.time() * 1000) + (new.delay_ms or 0)
 
 
-async def _body(request: Request) -> dict[str, object]:
-    limit = _engine(request).settings.max_payload_bytes * 2 + 65_536
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLarge(f"request body over {limit} bytes", field="payload")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLarge(f"request body over {limit} bytes", field="payload")
-        chunks.append(chunk)
-    return schemas.parse_json_object(b"".join(chunks))
-
-
-async def create_task(request: Request) -> Response:
-    engine = _engine(request)
-    tenant = _tenant(request)
-    new = schemas.parse_create(
-        await _body(request),
-        tenant,
+async def create_task(call: Call) -> Response:
+    engine, tenant = call.engine, await call.tenant()
+    new = schemas.new_task(
+        call.data,
+        tenant.id,
         default_queue=engine.settings.default_queue,
-        idempotency_header=request.headers.get("idempotency-key"),
+        idempotency_header=call.request.headers.get("idempotency-key"),
     )
-    result = await engine.create(new)
-    task = result.task or await engine.get(tenant, result.task_id)
+    engine.check_payload(new.payload_json)
+    _check_payload(tenant, new)
+    await call.store.check_pending(tenant, 1)
+    result = await call.request.app.state.creates.create(new)
+    if result.created:
+        await call.store.count_pending(tenant, [(result.due_ms, 1)])
+    task = result.task or _fresh(new, result)
     return JSONResponse(task.to_json(), status_code=201 if result.created else 200)
 
 
-async def get_task(request: Request) -> Response:
-    task = await _engine(request).get(_tenant(request), request.path_params["task_id"])
-    return JSONResponse(task.to_json())
-
-
-async def update_task(request: Request) -> Response:
-    engine = _engine(request)
-    tenant = _tenant(request)
-    task_id = request.path_params["task_id"]
-    await engine.get(tenant, task_id)  # 404 before 422: an unknown id is the first problem
-    run_at_ms, delay_ms, payload_json = schemas.parse_patch(await _body(request))
-    task = await engine.update(
-        tenant, task_id, run_at_ms=run_at_ms, delay_ms=delay_ms, payload_json=payload_json
+def _fresh(new: NewTask, result: CreateResult) -> Task:
+    """The task a create just stored, as GET would read it back (no second round trip)."""
+    return Task(
+        id=result.task_id,
+        run_id=result.task_id,
+        tenant=new.tenant,
+        queue=new.queue,
+        state="scheduled",
+        attempt=0,
+        due_ms=result.due_ms,
+        created_ms=result.created_ms or result.due_ms,
+        updated_ms=None,
+        payload_json=new.payload_json,
+        options=dict(new.options),
     )
+
+
+async def get_task(call: Call) -> Response:
+    task = await call.engine.get(call.tenant_id, call.path["task_id"])
     return JSONResponse(task.to_json())
 
 
-async def cancel_task(request: Request) -> Response:
-    task = await _engine(request).cancel(_tenant(request), request.path_params["task_id"])
+async def list_tasks(call: Call) -> Response:
+    q = call.query
+    items, next_cursor = await tasklist.list_tasks(
+        call.engine,
+        call.tenant_id,
+        queue=q["queue"],
+        state=q["state"],
+        limit=q["limit"],
+        cursor=q["cursor"],
+    )
+    return JSONResponse({"items": [t.to_json() for t in items], "next_cursor": next_cursor})
+
+
+async def update_task(call: Call) -> Response:
+    engine, tenant = call.engine, await call.tenant()
+    task_id = call.path["task_id"]
+    before = await engine.get(tenant.id, task_id)
+    run_at_ms, delay_ms, payload_json = schemas.patch_values(call.data)
+    if payload_json is not None:
+        _check_payload(tenant, NewTask(tenant.id, payload_json))
+    task = await engine.update(
+        tenant.id, task_id, run_at_ms=run_at_ms, delay_ms=delay_ms, payload_json=payload_json
+    )
+    if task.due_ms != before.due_ms:
+        await call.store.count_pending(tenant, [(before.due_ms, -1), (task.due_ms, 1)])
     return JSONResponse(task.to_json())
 
 
-async def create_batch(request: Request) -> Response:
+async def cancel_task(call: Call) -> Response:
+    tenant = await call.tenant()
+    task = await call.engine.cancel(tenant.id, call.path["task_id"])
+    await call.store.count_pending(tenant, [(task.due_ms, -1)])
+    return JSONResponse(task.to_json())
+
+
+async def create_batch(call: Call) -> Response:
     """Up to MAX_BATCH creates; each item answers on its own (status, task or error)."""
-    engine = _engine(request)
-    tenant = _tenant(request)
-    items = schemas.parse_batch(await _body(request))
+    engine, tenant = call.engine, await call.tenant()
+    items = call.data["tasks"]
     results: list[dict[str, object] | None] = [None] * len(items)
     valid: list[tuple[int, NewTask]] = []
     for i, item in enumerate(items):
@@ -92,34 +121,40 @@ async def create_batch(request: Request) -> Response:
             if not isinstance(item, dict):
                 raise ValidationError("each task must be a JSON object", field=f"tasks[{i}]")
             new = schemas.parse_create(
-                item, tenant, default_queue=engine.settings.default_queue, idempotency_header=None
+                item, tenant.id, default_queue=engine.settings.default_queue,
+                idempotency_header=None,
             )
             engine.check_payload(new.payload_json)
+            _check_payload(tenant, new)
             valid.append((i, new))
         except ValidationError as exc:
             results[i] = {"status": status_of(exc), "error": error_body(exc)}
+    await call.store.check_pending(tenant, len(valid))
     created = await engine.create_many([new for _, new in valid]) if valid else []
+    counted: list[tuple[int, int]] = []
     for (i, new), res in zip(valid, created, strict=True):
         if res.task is not None:
             results[i] = {"status": 200, "task": res.task.to_json()}
-        else:
-            results[i] = {
-                "status": 201,
-                "task": {
-                    "id": res.task_id,
-                    "run_id": res.task_id,
-                    "queue": new.queue,
-                    "state": "scheduled",
-                    "attempt": 0,
-                    "run_at": ms_to_rfc3339(res.due_ms),
-                },
-            }
+            continue
+        counted.append((res.due_ms, 1))
+        results[i] = {
+            "status": 201,
+            "task": {
+                "id": res.task_id,
+                "run_id": res.task_id,
+                "queue": new.queue,
+                "state": "scheduled",
+                "attempt": 0,
+                "run_at": ms_to_rfc3339(res.due_ms),
+            },
+        }
+    await call.store.count_pending(tenant, counted)
     return JSONResponse({"results": results})
 
 
-async def task_runs(request: Request) -> Response:
-    engine, tenant = _engine(request), _tenant(request)
-    task = await engine.get(tenant, request.path_params["task_id"])
+async def task_runs(call: Call) -> Response:
+    engine, tenant = call.engine, call.tenant_id
+    task = await engine.get(tenant, call.path["task_id"])
     events = await run_history(engine, tenant, task.run_id)
     return JSONResponse(
         {
@@ -138,10 +173,10 @@ async def task_runs(request: Request) -> Response:
     )
 
 
-async def list_dead_letters(request: Request) -> Response:
-    engine, tenant = _engine(request), _tenant(request)
-    limit, cursor = schemas.parse_page(request.query_params)
-    items, next_cursor = await deadletters.list_dead(engine, tenant, limit=limit, after=cursor)
+async def list_dead_letters(call: Call) -> Response:
+    items, next_cursor = await deadletters.list_dead(
+        call.engine, call.tenant_id, limit=call.query["limit"], after=call.query["cursor"]
+    )
     return JSONResponse(
         {
             "items": [
@@ -162,24 +197,24 @@ async def list_dead_letters(request: Request) -> Response:
     )
 
 
-async def replay_dead_letter(request: Request) -> Response:
-    run_id = request.path_params["run_id"]
-    due_ms = await deadletters.replay(_engine(request), _tenant(request), run_id)
+async def replay_dead_letter(call: Call) -> Response:
+    run_id = call.path["run_id"]
+    due_ms = await deadletters.replay(call.engine, call.tenant_id, run_id)
     return JSONResponse({"run_id": run_id, "state": "scheduled", "run_at": ms_to_rfc3339(due_ms)})
 
 
-async def purge_dead_letter(request: Request) -> Response:
-    run_id = request.path_params["run_id"]
-    await deadletters.purge(_engine(request), _tenant(request), run_id)
+async def purge_dead_letter(call: Call) -> Response:
+    run_id = call.path["run_id"]
+    await deadletters.purge(call.engine, call.tenant_id, run_id)
     return JSONResponse({"run_id": run_id, "purged": True})
 
 
-async def healthz(request: Request) -> Response:
+async def healthz(call: Call) -> Response:
     return JSONResponse({"status": "ok"})
 
 
-async def readyz(request: Request) -> Response:
-    if await _engine(request).ping():
+async def readyz(call: Call) -> Response:
+    if await call.engine.ping():
         return JSONResponse({"status": "ready"})
     return JSONResponse(
         {"error": {"code": "unavailable", "message": "Redis is unreachable", "field": None}},
@@ -187,16 +222,50 @@ async def readyz(request: Request) -> Response:
     )
 
 
-ROUTES = [
-    Route("/v1/tasks", create_task, methods=["POST"]),
-    Route("/v1/tasks/batch", create_batch, methods=["POST"]),
-    Route("/v1/tasks/{task_id}/runs", task_runs, methods=["GET"]),
-    Route("/v1/dead-letters", list_dead_letters, methods=["GET"]),
-    Route("/v1/dead-letters/{run_id}/replay", replay_dead_letter, methods=["POST"]),
-    Route("/v1/dead-letters/{run_id}", purge_dead_letter, methods=["DELETE"]),
-    Route("/v1/tasks/{task_id}", get_task, methods=["GET"]),
-    Route("/v1/tasks/{task_id}", update_task, methods=["PATCH"]),
-    Route("/v1/tasks/{task_id}", cancel_task, methods=["DELETE"]),
-    Route("/healthz", healthz, methods=["GET"]),
-    Route("/readyz", readyz, methods=["GET"]),
+async def metrics(call: Call) -> Response:
+    registry = call.request.app.state.metrics.registry
+    return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+
+async def openapi(call: Call) -> Response:
+    return JSONResponse(call.request.app.state.openapi)
+
+
+S = schemas
+_TASK = "/v1/tasks/{task_id}"
+TASK_ENDPOINTS = [
+    Endpoint("POST", "/v1/tasks", create_task, "createTask", "Schedule a one-shot task",
+             body=S.CREATE, status=201, response=S.TASK, errors=(429,), extra_statuses=(200,)),
+    Endpoint("POST", "/v1/tasks/batch", create_batch, "createTasks",
+             "Schedule up to 1,000 tasks (a body of at most 16 MiB); a result per item",
+             body=S.BATCH, response=S.BATCH_OUT, errors=(429,), max_body_bytes=16 << 20),
+    Endpoint("GET", "/v1/tasks", list_tasks, "listTasks",
+             "The tenant's tasks, filtered, a page at a time (follow next_cursor to null)",
+             query=S.TASK_PAGE, response=S.TASK_PAGE_OUT),
+    Endpoint("GET", _TASK, get_task, "getTask", "A task", response=S.TASK),
+    Endpoint("PATCH", _TASK, update_task, "updateTask",
+             "Reschedule and/or replace the payload (while scheduled)", body=S.PATCH,
+             response=S.TASK, errors=(409,)),
+    Endpoint("DELETE", _TASK, cancel_task, "cancelTask", "Cancel (while scheduled)",
+             response=S.TASK, errors=(409,)),
+    Endpoint("GET", _TASK + "/runs", task_runs, "getTaskRuns", "The run's history",
+             response=S.RUNS_OUT),
+    Endpoint("GET", "/v1/dead-letters", list_dead_letters, "listDeadLetters",
+             "The tenant's dead letters, oldest first", query=S.DEAD_PAGE,
+             response=S.DEAD_PAGE_OUT),
+    Endpoint("POST", "/v1/dead-letters/{run_id}/replay", replay_dead_letter,
+             "replayDeadLetter", "Put a dead run back into the wheel, due now",
+             response=S.REPLAY_OUT),
+    Endpoint("DELETE", "/v1/dead-letters/{run_id}", purge_dead_letter, "purgeDeadLetter",
+             "Delete a dead run for good", response=S.PURGE_OUT),
+]
+
+OPS_ENDPOINTS = [
+    Endpoint("GET", "/healthz", healthz, "healthz", "Liveness", role=PUBLIC,
+             response=S.STATUS_OUT),
+    Endpoint("GET", "/readyz", readyz, "readyz", "Readiness (Redis reachable)", role=PUBLIC,
+             response=S.STATUS_OUT),
+    Endpoint("GET", "/metrics", metrics, "metrics", "Prometheus metrics of this api process",
+             role=PUBLIC, response_type="text/plain"),
+    Endpoint("GET", "/openapi.json", openapi, "openapi", "This document", role=PUBLIC),
 ]

@@ -1,86 +1,97 @@
-"""Handlers of the schedule endpoints of the HTTP API v1 (DESIGN.md sections 7, 11)."""
+"""Schedule handlers of the HTTP API v1 (DESIGN.md sections 7, 11), and their rows of the
+endpoint table."""
 
 from __future__ import annotations
 
-import dataclasses
-
-from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
 
-from timewheel.api import schedule_schemas
-from timewheel.api.routes import _body, _engine, _tenant
+from timewheel.api import schedule_schemas as S
+from timewheel.api.endpoints import Call, Endpoint
+from timewheel.errors import PayloadTooLarge
 from timewheel.history import schedule_history
 from timewheel.models import ms_to_rfc3339
+from timewheel.schedules import ScheduleChanges
+from timewheel.tenants import Tenant
 
 
-async def create_schedule(request: Request) -> Response:
-    engine, tenant = _engine(request), _tenant(request)
-    new = schedule_schemas.parse_schedule_create(
-        await _body(request),
-        tenant,
+def _check_payload(tenant: Tenant, payload_json: str) -> None:
+    limit = tenant.limits.max_payload_bytes
+    if limit is not None and len(payload_json.encode()) > limit:
+        raise PayloadTooLarge(
+            f"payload is {len(payload_json.encode())} bytes; the tenant's limit is {limit}",
+            field="payload",
+        )
+
+
+async def create_schedule(call: Call) -> Response:
+    engine, tenant = call.engine, await call.tenant()
+    new = S.new_schedule(
+        call.data,
+        tenant.id,
         default_queue=engine.settings.default_queue,
-        idempotency_header=request.headers.get("idempotency-key"),
+        idempotency_header=call.request.headers.get("idempotency-key"),
     )
+    _check_payload(tenant, new.payload_json)
     schedule, created = await engine.create_schedule(new)
     return JSONResponse(schedule.to_json(), status_code=201 if created else 200)
 
 
-async def get_schedule(request: Request) -> Response:
-    engine, tenant = _engine(request), _tenant(request)
-    schedule = await engine.get_schedule(tenant, request.path_params["schedule_id"])
+async def get_schedule(call: Call) -> Response:
+    schedule = await call.engine.get_schedule(call.tenant_id, call.path["schedule_id"])
     return JSONResponse(schedule.to_json())
 
 
-async def update_schedule(request: Request) -> Response:
-    engine, tenant = _engine(request), _tenant(request)
-    sid = request.path_params["schedule_id"]
-    current = await engine.get_schedule(tenant, sid)  # 404 before 422
-    changes = schedule_schemas.parse_schedule_patch(await _body(request), current.spec)
-    if changes.options is not None:
-        changes = dataclasses.replace(changes, options={**current.options, **changes.options})
-    schedule = await engine.update_schedule(tenant, sid, changes)
+async def update_schedule(call: Call) -> Response:
+    engine, tenant = call.engine, await call.tenant()
+    sid = call.path["schedule_id"]
+    current = await engine.get_schedule(tenant.id, sid)
+    changes = S.schedule_changes(call.data, current.spec, current.options)
+    if changes.payload_json is not None:
+        _check_payload(tenant, changes.payload_json)
+    paused = call.data.get("paused")
+    if paused is True:
+        await engine.pause_schedule(tenant.id, sid)
+    if changes != ScheduleChanges():
+        await engine.update_schedule(tenant.id, sid, changes)
+    if paused is False:
+        await engine.resume_schedule(tenant.id, sid)
+    schedule = await engine.get_schedule(tenant.id, sid)
     return JSONResponse(schedule.to_json())
 
 
-async def delete_schedule(request: Request) -> Response:
-    sid = request.path_params["schedule_id"]
-    dropped = await _engine(request).delete_schedule(_tenant(request), sid)
+async def delete_schedule(call: Call) -> Response:
+    sid = call.path["schedule_id"]
+    dropped = await call.engine.delete_schedule(call.tenant_id, sid)
     return JSONResponse({"id": sid, "deleted": True, "runs_dropped": dropped})
 
 
-async def pause_schedule(request: Request) -> Response:
-    engine, tenant = _engine(request), _tenant(request)
-    schedule = await engine.pause_schedule(tenant, request.path_params["schedule_id"])
+async def pause_schedule(call: Call) -> Response:
+    schedule = await call.engine.pause_schedule(call.tenant_id, call.path["schedule_id"])
     return JSONResponse(schedule.to_json())
 
 
-async def resume_schedule(request: Request) -> Response:
-    engine, tenant = _engine(request), _tenant(request)
-    schedule = await engine.resume_schedule(tenant, request.path_params["schedule_id"])
+async def resume_schedule(call: Call) -> Response:
+    schedule = await call.engine.resume_schedule(call.tenant_id, call.path["schedule_id"])
     return JSONResponse(schedule.to_json())
 
 
-async def trigger_schedule(request: Request) -> Response:
-    engine, tenant = _engine(request), _tenant(request)
-    run_id = await engine.trigger_schedule(tenant, request.path_params["schedule_id"])
+async def trigger_schedule(call: Call) -> Response:
+    run_id = await call.engine.trigger_schedule(call.tenant_id, call.path["schedule_id"])
     return JSONResponse({"run_id": run_id, "state": "scheduled"}, status_code=201)
 
 
-async def backfill_schedule(request: Request) -> Response:
-    engine, tenant = _engine(request), _tenant(request)
-    sid = request.path_params["schedule_id"]
-    await engine.get_schedule(tenant, sid)  # 404 before 422
-    start, end = schedule_schemas.parse_backfill(await _body(request))
-    added, existing = await engine.backfill_schedule(tenant, sid, start, end)
+async def backfill_schedule(call: Call) -> Response:
+    sid = call.path["schedule_id"]
+    added, existing = await call.engine.backfill_schedule(
+        call.tenant_id, sid, call.data["from"], call.data["to"]
+    )
     return JSONResponse({"id": sid, "added": added, "existing": existing})
 
 
-async def schedule_runs(request: Request) -> Response:
-    engine, tenant = _engine(request), _tenant(request)
-    sid = request.path_params["schedule_id"]
-    await engine.get_schedule(tenant, sid)
-    runs = await schedule_history(engine, sid)
+async def schedule_runs(call: Call) -> Response:
+    sid = call.path["schedule_id"]
+    await call.engine.get_schedule(call.tenant_id, sid)  # the tenant's, or 404
+    runs = await schedule_history(call.engine, sid)
     return JSONResponse(
         {
             "schedule_id": sid,
@@ -110,23 +121,37 @@ def _state_of(last_event: str) -> str:
     return {
         "dispatched": "dispatched",
         "acked": "succeeded",
-        "retry_scheduled": "scheduled",
         "dead": "dead",
         "skipped": "skipped",
-        "held": "scheduled",
         "cancelled": "cancelled",
-        "replayed": "scheduled",
     }.get(last_event, "scheduled")
 
 
-SCHEDULE_ROUTES = [
-    Route("/v1/schedules", create_schedule, methods=["POST"]),
-    Route("/v1/schedules/{schedule_id}", get_schedule, methods=["GET"]),
-    Route("/v1/schedules/{schedule_id}", update_schedule, methods=["PATCH"]),
-    Route("/v1/schedules/{schedule_id}", delete_schedule, methods=["DELETE"]),
-    Route("/v1/schedules/{schedule_id}/pause", pause_schedule, methods=["POST"]),
-    Route("/v1/schedules/{schedule_id}/resume", resume_schedule, methods=["POST"]),
-    Route("/v1/schedules/{schedule_id}/trigger", trigger_schedule, methods=["POST"]),
-    Route("/v1/schedules/{schedule_id}/backfill", backfill_schedule, methods=["POST"]),
-    Route("/v1/schedules/{schedule_id}/runs", schedule_runs, methods=["GET"]),
+_ONE = "/v1/schedules/{schedule_id}"
+
+# fmt: off
+SCHEDULE_ENDPOINTS = [
+    Endpoint("POST", "/v1/schedules", create_schedule, "createSchedule",
+             "Create a recurring schedule (cron in a time zone, or every N seconds)",
+             body=S.SCHEDULE_CREATE, status=201, response=S.SCHEDULE, extra_statuses=(200,)),
+    Endpoint("GET", _ONE, get_schedule, "getSchedule", "A schedule", response=S.SCHEDULE),
+    Endpoint("PATCH", _ONE, update_schedule, "updateSchedule",
+             "Change a schedule (its runs not yet sent are replaced at once); pause or resume",
+             body=S.SCHEDULE_PATCH, response=S.SCHEDULE, errors=(409,)),
+    Endpoint("DELETE", _ONE, delete_schedule, "deleteSchedule",
+             "Delete a schedule and its runs not yet sent", response=S.DELETED),
+    Endpoint("POST", _ONE + "/pause", pause_schedule, "pauseSchedule",
+             "Stop planning; drop the runs not yet sent", response=S.SCHEDULE, errors=(409,)),
+    Endpoint("POST", _ONE + "/resume", resume_schedule, "resumeSchedule",
+             "Plan again; the paused span follows the catchup policy", response=S.SCHEDULE,
+             errors=(409,)),
+    Endpoint("POST", _ONE + "/trigger", trigger_schedule, "triggerSchedule",
+             "One run now (run id <id>@manual-<ms>)", status=201, response=S.TRIGGERED),
+    Endpoint("POST", _ONE + "/backfill", backfill_schedule, "backfillSchedule",
+             "A run for every fire time in [from, to] (at most 1,000)", body=S.BACKFILL,
+             response=S.BACKFILLED),
+    Endpoint("GET", _ONE + "/runs", schedule_runs, "getScheduleRuns",
+             "The schedule's runs still in the event log, with their events",
+             response=S.SCHEDULE_RUNS),
 ]
+# fmt: on

@@ -1,152 +1,282 @@
-"""Request bodies of the schedule endpoints, parsed into engine values or ValidationError."""
+"""Request bodies and responses of the schedule endpoints, as field specs
+(timewheel/api/spec.py): the handlers parse with them and /openapi.json documents them."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from timewheel.api.schemas import _number, _payload_json, _retry, _unknown, parse_time_ms
-from timewheel.engine import validate_name
+from timewheel.api.schemas import RETRY, payload_json
+from timewheel.api.spec import (
+    AnyJSON,
+    Integer,
+    Number,
+    Obj,
+    OneOf,
+    Schema,
+    Spec,
+    Text,
+    Time,
+    name_spec,
+)
 from timewheel.errors import ValidationError
 from timewheel.models import JSONValue
 from timewheel.schedule import ScheduleSpec
 from timewheel.schedules import CATCHUPS, OVERLAPS, NewSchedule, ScheduleChanges
 
-TIMING_FIELDS = {"cron", "timezone", "every_s", "start_at", "end_at"}
-POLICY_FIELDS = {
-    "queue",
-    "payload",
-    "max_runs",
-    "retry",
-    "visibility_timeout_s",
-    "catchup",
-    "catchup_window_s",
-    "overlap",
-}
-CREATE_FIELDS = TIMING_FIELDS | POLICY_FIELDS | {"paused", "idempotency_key"}
-PATCH_FIELDS = TIMING_FIELDS | POLICY_FIELDS
 MAX_WINDOW_S = 366 * 86400
+TIMING_FIELDS = ("cron", "timezone", "every_s", "start_at", "end_at")
 
 
-def _string(value: object, field: str, *, high: int = 255) -> str:
-    if not isinstance(value, str) or not 1 <= len(value) <= high:
-        raise ValidationError(f"{field} must be a string of 1-{high} characters", field=field)
-    return value
+class _Bool(Spec):
+    """true or false."""
+
+    def __init__(self, description: str = ""):
+        self.description = description
+
+    def parse(self, value: object, name: str) -> bool:
+        if not isinstance(value, bool):
+            raise ValidationError(f"{name} must be true or false", field=name)
+        return value
+
+    def schema(self) -> Schema:
+        return {"type": "boolean"}
 
 
-def _choice(value: object, field: str, allowed: tuple[str, ...]) -> str:
-    if value not in allowed:
-        raise ValidationError(f"{field} must be one of {', '.join(allowed)}", field=field)
-    assert isinstance(value, str)
-    return value
+class _NullableTime(Time):
+    """An RFC 3339 time, or null (PATCH: remove the bound)."""
+
+    def parse(self, value: object, name: str) -> int | None:  # type: ignore[override]
+        return None if value is None else super().parse(value, name)
+
+    def schema(self) -> Schema:
+        return {"type": ["string", "null"], "format": "date-time"}
 
 
-def _max_runs(value: object) -> int:
-    if value is None:
-        return 0
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 10**9:
-        raise ValidationError("max_runs must be an integer >= 1, or null", field="max_runs")
-    return value
+def _not_both(raw: dict[str, Any], parsed: dict[str, Any]) -> None:
+    if "cron" in raw and "every_s" in raw:
+        raise ValidationError("give cron or every_s, not both", field="every_s")
 
 
-def _spec(body: dict[str, Any], base: ScheduleSpec | None = None) -> ScheduleSpec:
-    """A ScheduleSpec from the timing fields of `body`, over `base` (PATCH)."""
+def _one_timing(raw: dict[str, Any], parsed: dict[str, Any]) -> None:
+    if "cron" not in raw and "every_s" not in raw:
+        raise ValidationError("give cron (with timezone) or every_s", field="cron")
+
+
+def _something(raw: dict[str, Any], parsed: dict[str, Any]) -> None:
+    if not raw:
+        raise ValidationError("nothing to change", field="cron")
+
+
+def _in_order(raw: dict[str, Any], parsed: dict[str, Any]) -> None:
+    if parsed["to"] < parsed["from"]:
+        raise ValidationError("to is before from", field="to")
+
+
+_FIELDS: dict[str, Any] = {
+    "cron": Text(1, 200, description="5 fields, or 6 with seconds first"),
+    "timezone": Text(1, 64, description="IANA time zone of the cron fields (default UTC)"),
+    "every_s": Number(1, MAX_WINDOW_S, "fire every N seconds (instead of cron)"),
+    "start_at": _NullableTime("no fire before this instant"),
+    "end_at": _NullableTime("no fire after this instant"),
+    "max_runs": Integer(1, 10**9, "at most this many runs"),
+    "queue": name_spec("the queue of its runs (default: the deployment's default queue)"),
+    "payload": AnyJSON("the payload of every run; size limited"),
+    "retry": RETRY,
+    "visibility_timeout_s": Number(0.1, 86400 * 7, "executor lease without heartbeat"),
+    "catchup": OneOf(CATCHUPS, "fire times missed by more than misfire_ms (default skip)"),
+    "catchup_window_s": Number(0, MAX_WINDOW_S, "how far back catchup all goes (default 1 h)"),
+    "overlap": OneOf(OVERLAPS, "a fire time while the previous run is in flight"),
+}
+
+SCHEDULE_CREATE = Obj(
+    {
+        **_FIELDS,
+        "paused": _Bool("created paused: nothing is planned until resume"),
+        "idempotency_key": Text(1, 255, description="same key, same schedule"),
+    },
+    checks=[_not_both, _one_timing],
+    extra_schema={
+        "anyOf": [{"required": ["cron"]}, {"required": ["every_s"]}],
+        "not": {"required": ["cron", "every_s"]},
+    },
+    title="ScheduleCreate",
+)
+
+SCHEDULE_PATCH = Obj(
+    {**_FIELDS, "paused": _Bool("pause (true) or resume (false), as the pause/resume calls")},
+    checks=[_something, _not_both],
+    extra_schema={"minProperties": 1, "not": {"required": ["cron", "every_s"]}},
+    title="SchedulePatch",
+)
+
+BACKFILL = Obj(
+    {"from": Time("first fire time to include"), "to": Time("last fire time to include")},
+    required=["from", "to"],
+    checks=[_in_order],
+    title="Backfill",
+)
+
+
+def _spec(data: dict[str, Any], base: ScheduleSpec | None = None) -> ScheduleSpec:
+    """A ScheduleSpec from parsed timing fields over `base` (PATCH); InvalidSchedule (422,
+    with the field) for a bad cron, an unknown time zone or end_at before start_at."""
     cron = base.cron if base else None
     every_s = base.every_s if base else None
-    if "cron" in body:
-        cron, every_s = _string(body["cron"], "cron", high=200), None
-    if "every_s" in body:
-        if "cron" in body:
-            raise ValidationError("give cron or every_s, not both", field="every_s")
-        every_s, cron = _number(body["every_s"], "every_s", low=1, high=MAX_WINDOW_S), None
-    timezone = base.timezone if base else "UTC"
-    if "timezone" in body:
-        timezone = _string(body["timezone"], "timezone", high=64)
+    if "cron" in data:
+        cron, every_s = data["cron"], None
+    if "every_s" in data:
+        every_s, cron = data["every_s"], None
     start = base.start_at_ms if base else None
     end = base.end_at_ms if base else None
-    if "start_at" in body:
-        start = None if body["start_at"] is None else parse_time_ms(body["start_at"], "start_at")
-    if "end_at" in body:
-        end = None if body["end_at"] is None else parse_time_ms(body["end_at"], "end_at")
-    if cron is None and every_s is None:
-        raise ValidationError("give cron (with timezone) or every_s", field="cron")
     return ScheduleSpec(
         cron=cron,
-        timezone=timezone,
+        timezone=data.get("timezone", base.timezone if base else "UTC"),
         every_s=every_s,
-        start_at_ms=start,
-        end_at_ms=end,
+        start_at_ms=data.get("start_at", start),
+        end_at_ms=data.get("end_at", end),
         anchor_ms=base.anchor_ms if base else None,
     )
 
 
-def _run_options(body: dict[str, Any]) -> dict[str, JSONValue]:
-    opts: dict[str, JSONValue] = {}
-    if "retry" in body:
-        opts["retry"] = _retry(body["retry"])
-    if "visibility_timeout_s" in body:
-        opts["visibility_timeout_s"] = _number(
-            body["visibility_timeout_s"], "visibility_timeout_s", low=0.1, high=86400 * 7
-        )
-    return opts
+def _run_options(data: dict[str, Any]) -> dict[str, JSONValue]:
+    return {k: data[k] for k in ("retry", "visibility_timeout_s") if k in data}
 
 
-def _window_ms(body: dict[str, Any]) -> int:
-    return round(
-        _number(body["catchup_window_s"], "catchup_window_s", low=0, high=MAX_WINDOW_S) * 1000
-    )
+def _window_ms(data: dict[str, Any]) -> int | None:
+    return round(data["catchup_window_s"] * 1000) if "catchup_window_s" in data else None
 
 
-def parse_schedule_create(
-    body: dict[str, Any], tenant: str, *, default_queue: str, idempotency_header: str | None
+def new_schedule(
+    data: dict[str, Any], tenant: str, *, default_queue: str, idempotency_header: str | None
 ) -> NewSchedule:
-    """A POST /v1/schedules body as a NewSchedule."""
-    _unknown(body, CREATE_FIELDS)
-    paused = body.get("paused", False)
-    if not isinstance(paused, bool):
-        raise ValidationError("paused must be true or false", field="paused")
-    key = body.get("idempotency_key", idempotency_header)
-    if key is not None:
-        key = _string(key, "idempotency_key")
+    """A NewSchedule from a create body parsed by SCHEDULE_CREATE."""
+    key = data.get("idempotency_key")
+    if key is None and idempotency_header is not None:
+        key = SCHEDULE_CREATE.fields["idempotency_key"].parse(idempotency_header, "idempotency_key")
     return NewSchedule(
         tenant=tenant,
-        spec=_spec(body),
-        queue=validate_name(body.get("queue", default_queue), "queue"),
-        payload_json=_payload_json(body.get("payload")),
-        options=_run_options(body),
-        catchup=_choice(body.get("catchup", "skip"), "catchup", CATCHUPS),
-        catchup_window_ms=_window_ms(body) if "catchup_window_s" in body else 3_600_000,
-        overlap=_choice(body.get("overlap", "allow"), "overlap", OVERLAPS),
-        max_runs=_max_runs(body.get("max_runs")),
-        paused=paused,
+        spec=_spec(data),
+        queue=data.get("queue", default_queue),
+        payload_json=payload_json(data.get("payload")),
+        options=_run_options(data),
+        catchup=data.get("catchup", "skip"),
+        catchup_window_ms=_window_ms(data) or 3_600_000,
+        overlap=data.get("overlap", "allow"),
+        max_runs=data.get("max_runs") or 0,
+        paused=data.get("paused", False),
         idempotency_key=key,
     )
 
 
-def parse_schedule_patch(body: dict[str, Any], current: ScheduleSpec) -> ScheduleChanges:
-    """A PATCH /v1/schedules/{id} body as ScheduleChanges (timing fields over `current`)."""
-    _unknown(body, PATCH_FIELDS)
-    if not body:
-        raise ValidationError("nothing to change", field="cron")
-    opts = _run_options(body) if {"retry", "visibility_timeout_s"} & body.keys() else None
+def schedule_changes(
+    data: dict[str, Any], current_spec: ScheduleSpec, current_options: dict[str, JSONValue]
+) -> ScheduleChanges:
+    """ScheduleChanges from a PATCH body parsed by SCHEDULE_PATCH (timing over the current
+    spec, run options over the current ones)."""
+    options = _run_options(data)
     return ScheduleChanges(
-        spec=_spec(body, current) if TIMING_FIELDS & body.keys() else None,
-        queue=validate_name(body["queue"], "queue") if "queue" in body else None,
-        payload_json=_payload_json(body["payload"]) if "payload" in body else None,
-        options=opts,
-        catchup=_choice(body["catchup"], "catchup", CATCHUPS) if "catchup" in body else None,
-        catchup_window_ms=_window_ms(body) if "catchup_window_s" in body else None,
-        overlap=_choice(body["overlap"], "overlap", OVERLAPS) if "overlap" in body else None,
-        max_runs=_max_runs(body["max_runs"]) if "max_runs" in body else None,
+        spec=_spec(data, current_spec) if set(TIMING_FIELDS) & data.keys() else None,
+        queue=data.get("queue"),
+        payload_json=payload_json(data["payload"]) if "payload" in data else None,
+        options={**current_options, **options} if options else None,
+        catchup=data.get("catchup"),
+        catchup_window_ms=_window_ms(data),
+        overlap=data.get("overlap"),
+        max_runs=data.get("max_runs"),
     )
 
 
-def parse_backfill(body: dict[str, Any]) -> tuple[int, int]:
-    """A backfill body {"from": RFC 3339, "to": RFC 3339} as (from_ms, to_ms)."""
-    _unknown(body, {"from", "to"})
-    for name in ("from", "to"):
-        if name not in body:
-            raise ValidationError(f"{name} (RFC 3339) is required", field=name)
-    start, end = parse_time_ms(body["from"], "from"), parse_time_ms(body["to"], "to")
-    if end < start:
-        raise ValidationError("to is before from", field="to")
-    return start, end
+_TIME = {"type": "string", "format": "date-time"}
+_OPT_TIME = {"type": ["string", "null"], "format": "date-time"}
+
+SCHEDULE: Schema = {
+    "title": "Schedule",
+    "type": "object",
+    "required": ["id", "queue", "state", "catchup", "overlap", "created_at"],
+    "properties": {
+        "id": {"type": "string"},
+        "queue": {"type": "string"},
+        "cron": {"type": "string"},
+        "timezone": {"type": "string"},
+        "every_s": {"type": "number"},
+        "start_at": _OPT_TIME,
+        "end_at": _OPT_TIME,
+        "max_runs": {"type": ["integer", "null"]},
+        "payload": {},
+        "catchup": {"type": "string", "enum": list(CATCHUPS)},
+        "catchup_window_s": {"type": "number"},
+        "overlap": {"type": "string", "enum": list(OVERLAPS)},
+        "state": {"type": "string", "enum": ["active", "paused", "ended"]},
+        "paused": {"type": "boolean"},
+        "next_run_at": _OPT_TIME,
+        "last_run_at": _OPT_TIME,
+        "runs_planned": {"type": "integer"},
+        "created_at": _TIME,
+        "updated_at": _TIME,
+        "retry": {"type": "object"},
+        "visibility_timeout_s": {"type": "number"},
+    },
+}
+
+DELETED: Schema = {
+    "title": "ScheduleDeleted",
+    "type": "object",
+    "required": ["id", "deleted", "runs_dropped"],
+    "properties": {
+        "id": {"type": "string"},
+        "deleted": {"type": "boolean"},
+        "runs_dropped": {"type": "integer"},
+    },
+}
+
+TRIGGERED: Schema = {
+    "title": "ScheduleTriggered",
+    "type": "object",
+    "required": ["run_id", "state"],
+    "properties": {"run_id": {"type": "string"}, "state": {"type": "string"}},
+}
+
+BACKFILLED: Schema = {
+    "title": "ScheduleBackfilled",
+    "type": "object",
+    "required": ["id", "added", "existing"],
+    "properties": {
+        "id": {"type": "string"},
+        "added": {"type": "integer"},
+        "existing": {"type": "integer"},
+    },
+}
+
+SCHEDULE_RUNS: Schema = {
+    "title": "ScheduleRuns",
+    "type": "object",
+    "required": ["schedule_id", "runs"],
+    "properties": {
+        "schedule_id": {"type": "string"},
+        "runs": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["run_id", "state", "events"],
+                "properties": {
+                    "run_id": {"type": "string"},
+                    "state": {"type": "string"},
+                    "events": {
+                        "type": "array",
+                        "items": {
+                            "type": "object",
+                            "properties": {
+                                "event": {"type": "string"},
+                                "at": _TIME,
+                                "attempt": {"type": ["integer", "null"]},
+                                "reason": {"type": ["string", "null"]},
+                                "error": {"type": ["string", "null"]},
+                            },
+                        },
+                    },
+                },
+            },
+        },
+    },
+}
+

@@ -1,194 +1,382 @@
-"""Request bodies of the HTTP API: parsed and validated into engine values, or ValidationError."""
+"""Request bodies and query strings of the HTTP API, as field specs (timewheel/api/spec.py).
+
+The handlers parse with these objects and the OpenAPI document is generated from the
+same objects. Response shapes are JSON Schema here too (they are produced, not parsed).
+"""
 
 from __future__ import annotations
 
 import json
-import math
-import re
-from collections.abc import Mapping
-from datetime import datetime
 from typing import Any
 
-from timewheel.engine import NewTask, validate_name
+from timewheel.api.spec import (
+    AnyJSON,
+    Array,
+    Integer,
+    IntText,
+    Number,
+    Obj,
+    OneOf,
+    Param,
+    Query,
+    Schema,
+    Text,
+    Time,
+    name_spec,
+)
+from timewheel.engine import NewTask
 from timewheel.errors import ValidationError
 from timewheel.models import JSONValue
 
 MAX_DELAY_S = 10 * 365 * 86400
-MIN_RUN_AT_MS = 946_684_800_000  # 2000-01-01
-MAX_RUN_AT_MS = 4_102_444_800_000  # 2100-01-01
+MAX_BATCH = 1000
 JITTERS = ("full", "proportional", "none")
-CREATE_FIELDS = {
-    "queue",
-    "run_at",
-    "delay",
-    "payload",
-    "idempotency_key",
-    "retry",
-    "visibility_timeout_s",
-    "expires_at",
-    "window_s",
-}
-RETRY_FIELDS = {"max_attempts", "initial_s", "factor", "max_s", "jitter"}
-PATCH_FIELDS = {"run_at", "delay", "payload"}
+STATES = ("scheduled", "dispatched", "succeeded", "cancelled", "dead", "skipped")
 
 
 def parse_json_object(body: bytes) -> dict[str, Any]:
     """The request body as a JSON object, or a ValidationError with code malformed_json."""
     try:
         value = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise ValidationError(f"body is not valid JSON: {exc}", code="malformed_json") from None
     if not isinstance(value, dict):
         raise ValidationError("body must be a JSON object", code="malformed_json")
     return value
 
 
-def parse_time_ms(value: object, field: str) -> int:
-    """An RFC 3339 timestamp with an offset, as epoch ms."""
-    if not isinstance(value, str):
-        raise ValidationError(f"{field} must be an RFC 3339 string", field=field)
-    try:
-        parsed = datetime.fromisoformat(value)
-    except ValueError:
-        raise ValidationError(
-            f"{field} {value!r} is not RFC 3339 (e.g. 2026-11-29T17:00:00Z)", field=field
-        ) from None
-    if parsed.tzinfo is None or "T" not in value.upper():
-        raise ValidationError(
-            f"{field} {value!r} needs a date, a time and an offset (e.g. 2026-11-29T17:00:00Z)",
-            field=field,
+def _one_time(required: bool) -> Any:
+    def check(raw: dict[str, Any], parsed: dict[str, Any]) -> None:
+        if "run_at" in raw and "delay" in raw:
+            raise ValidationError("give run_at or delay, not both", field="delay")
+        if required and "run_at" not in raw and "delay" not in raw:
+            raise ValidationError(
+                "run_at (RFC 3339) or delay (seconds) is required", field="run_at"
+            )
+
+    return check
+
+
+def _something(raw: dict[str, Any], parsed: dict[str, Any]) -> None:
+    if not raw:
+        raise ValidationError("nothing to change: give run_at, delay or payload", field="run_at")
+
+
+RETRY = Obj(
+    {
+        "max_attempts": Integer(1, 1000, "attempts before the run is dead-lettered"),
+        "initial_s": Number(0.001, 86400.0, "backoff before the second attempt"),
+        "factor": Number(1.0, 100.0, "backoff multiplier per attempt"),
+        "max_s": Number(0.001, 30 * 86400.0, "cap of one backoff"),
+        "jitter": OneOf(JITTERS),
+    },
+    title="RetryPolicy",
+    description="retry policy; missing fields take the deployment's defaults",
+)
+
+CREATE = Obj(
+    {
+        "run_at": Time("when the run is due (RFC 3339 with an offset)"),
+        "delay": Number(0, MAX_DELAY_S, "seconds from now"),
+        "idempotency_key": Text(1, 255, description="same key, same task (or Idempotency-Key)"),
+        "queue": name_spec("the queue (default: the deployment's default queue)"),
+        "payload": AnyJSON("any JSON; size limited"),
+        "retry": RETRY,
+        "visibility_timeout_s": Number(0.1, 86400 * 7, "executor lease without heartbeat"),
+        "expires_at": Time("dead-letter (reason expired) if not dispatched by then"),
+        "window_s": Number(0, 86400, "allowed spread after run_at"),
+    },
+    checks=[_one_time(required=True)],
+    extra_schema={
+        "anyOf": [{"required": ["run_at"]}, {"required": ["delay"]}],
+        "not": {"required": ["run_at", "delay"]},
+    },
+    message="each task must be a JSON object",
+    title="TaskCreate",
+)
+
+PATCH = Obj(
+    {
+        "run_at": Time("new due time"),
+        "delay": Number(0, MAX_DELAY_S, "new due time, seconds from now"),
+        "payload": AnyJSON("new payload"),
+    },
+    checks=[_something, _one_time(required=False)],
+    extra_schema={"minProperties": 1, "not": {"required": ["run_at", "delay"]}},
+    title="TaskPatch",
+)
+
+BATCH = Obj(
+    {
+        "tasks": Array(
+            CREATE, 1, MAX_BATCH, f"tasks must be a list of 1..{MAX_BATCH} task objects"
         )
-    ms = round(parsed.timestamp() * 1000)
-    if not MIN_RUN_AT_MS <= ms <= MAX_RUN_AT_MS:
-        raise ValidationError(f"{field} {value!r} is outside 2000..2100", field=field)
-    return ms
+    },
+    required=["tasks"],
+    title="TaskBatch",
+)
+
+LIMITS = Obj(
+    {
+        "max_payload_bytes": Integer(1, 64 * 1024 * 1024, "at most the deployment's limit"),
+        "max_pending": Integer(1, 10**12, "most scheduled runs (estimate); over it: 429"),
+        "dispatch_rate": Number(0.001, 1e9, "runs/s (stored; not enforced by the tick yet)"),
+    },
+    title="TenantLimits",
+)
+
+TENANT_CREATE = Obj(
+    {"id": name_spec("the tenant id"), "limits": LIMITS},
+    required=["id"],
+    title="TenantCreate",
+)
+
+_LIMIT = Param(IntText(1, 1000, "page size (default 100)"), "100")
+
+DEAD_PAGE = Query(
+    {
+        "limit": _LIMIT,
+        "cursor": Param(
+            Text(1, 64, r"\d{1,4}-\d{1,20}-\d{1,20}", "cursor is not one this API gave out")
+        ),
+    }
+)
+
+TASK_PAGE = Query(
+    {
+        "queue": Param(name_spec("only this queue")),
+        "state": Param(OneOf(STATES, "only this state")),
+        "limit": _LIMIT,
+        "cursor": Param(
+            Text(
+                1,
+                64,
+                r"\d{1,4}\.\d{1,4}\.\d{1,20}\.[0-9a-z@]{0,40}",
+                "cursor is not one this API gave out",
+            )
+        ),
+    }
+)
 
 
-def _number(value: object, field: str, *, low: float, high: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ValidationError(f"{field} must be a number", field=field)
-    if not low <= value <= high:
-        raise ValidationError(f"{field} must be between {low:g} and {high:g}", field=field)
-    return float(value)
-
-
-def _unknown(body: dict[str, Any], allowed: set[str], prefix: str = "") -> None:
-    for name in body:
-        if name not in allowed:
-            raise ValidationError(f"unknown field {prefix}{name!r}", field=f"{prefix}{name}")
-
-
-def _when(body: dict[str, Any], *, required: bool) -> tuple[int | None, int | None]:
-    has_at, has_delay = "run_at" in body, "delay" in body
-    if has_at and has_delay:
-        raise ValidationError("give run_at or delay, not both", field="delay")
-    if has_at:
-        return parse_time_ms(body["run_at"], "run_at"), None
-    if has_delay:
-        delay_s = _number(body["delay"], "delay", low=0, high=MAX_DELAY_S)
-        return None, round(delay_s * 1000)
-    if required:
-        raise ValidationError("run_at (RFC 3339) or delay (seconds) is required", field="run_at")
-    return None, None
-
-
-def _payload_json(value: JSONValue) -> str:
+def payload_json(value: JSONValue) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
-def _retry(value: object) -> dict[str, JSONValue]:
-    if not isinstance(value, dict):
-        raise ValidationError("retry must be an object", field="retry")
-    _unknown(value, RETRY_FIELDS, "retry.")
-    out: dict[str, JSONValue] = {}
-    if "max_attempts" in value:
-        attempts = value["max_attempts"]
-        if isinstance(attempts, bool) or not isinstance(attempts, int) or not 1 <= attempts <= 1000:
-            raise ValidationError(
-                "retry.max_attempts must be an integer 1..1000", field="retry.max_attempts"
-            )
-        out["max_attempts"] = attempts
-    for name, low, high in (
-        ("initial_s", 0.001, 86400.0),
-        ("factor", 1.0, 100.0),
-        ("max_s", 0.001, 30 * 86400.0),
-    ):
-        if name in value:
-            out[name] = _number(value[name], f"retry.{name}", low=low, high=high)
-    if "jitter" in value:
-        if value["jitter"] not in JITTERS:
-            raise ValidationError(
-                f"retry.jitter must be one of {', '.join(JITTERS)}", field="retry.jitter"
-            )
-        out["jitter"] = value["jitter"]
-    return out
-
-
-def _options(body: dict[str, Any]) -> dict[str, JSONValue]:
+def _options(parsed: dict[str, Any]) -> dict[str, JSONValue]:
     opts: dict[str, JSONValue] = {}
-    if "retry" in body:
-        opts["retry"] = _retry(body["retry"])
-    if "visibility_timeout_s" in body:
-        opts["visibility_timeout_s"] = _number(
-            body["visibility_timeout_s"], "visibility_timeout_s", low=0.1, high=86400 * 7
-        )
-    if "expires_at" in body:
-        opts["expires_at_ms"] = parse_time_ms(body["expires_at"], "expires_at")
-    if "window_s" in body:
-        opts["window_s"] = _number(body["window_s"], "window_s", low=0, high=86400)
+    for name in ("retry", "visibility_timeout_s", "window_s"):
+        if name in parsed:
+            opts[name] = parsed[name]
+    if "expires_at" in parsed:
+        opts["expires_at_ms"] = parsed["expires_at"]
     return opts
 
 
 def parse_create(
-    body: dict[str, Any], tenant: str, *, default_queue: str, idempotency_header: str | None
+    body: object, tenant: str, *, default_queue: str, idempotency_header: str | None
 ) -> NewTask:
     """A create request body (DESIGN.md section 11) as a NewTask."""
-    _unknown(body, CREATE_FIELDS)
-    run_at_ms, delay_ms = _when(body, required=True)
-    key = body.get("idempotency_key", idempotency_header)
-    if key is not None and (not isinstance(key, str) or not 1 <= len(key) <= 255):
-        raise ValidationError(
-            "idempotency_key must be a string of 1-255 characters", field="idempotency_key"
-        )
-    return NewTask(
-        tenant=tenant,
-        queue=validate_name(body.get("queue", default_queue), "queue"),
-        payload_json=_payload_json(body.get("payload")),
-        run_at_ms=run_at_ms,
-        delay_ms=delay_ms,
-        idempotency_key=key,
-        options=_options(body),
+    return new_task(
+        CREATE.parse(body),
+        tenant,
+        default_queue=default_queue,
+        idempotency_header=idempotency_header,
     )
 
 
-MAX_BATCH = 1000
+def new_task(
+    parsed: dict[str, Any], tenant: str, *, default_queue: str, idempotency_header: str | None
+) -> NewTask:
+    """A NewTask from a create body already parsed by CREATE."""
+    key = parsed.get("idempotency_key")
+    if key is None and idempotency_header is not None:
+        key = CREATE.fields["idempotency_key"].parse(idempotency_header, "idempotency_key")
+    return NewTask(
+        tenant=tenant,
+        queue=parsed.get("queue", default_queue),
+        payload_json=payload_json(parsed.get("payload")),
+        run_at_ms=parsed.get("run_at"),
+        delay_ms=round(parsed["delay"] * 1000) if "delay" in parsed else None,
+        idempotency_key=key,
+        options=_options(parsed),
+    )
 
 
-def parse_batch(body: dict[str, Any]) -> list[Any]:
-    """The items of a batch create: {"tasks": [create body, ...]} with 1..MAX_BATCH items."""
-    _unknown(body, {"tasks"})
-    tasks = body.get("tasks")
-    if not isinstance(tasks, list) or not 1 <= len(tasks) <= MAX_BATCH:
-        raise ValidationError(f"tasks must be a list of 1..{MAX_BATCH} task objects", field="tasks")
-    return tasks
+def patch_values(parsed: dict[str, Any]) -> tuple[int | None, int | None, str | None]:
+    """A PATCH body parsed by PATCH: (run_at_ms, delay_ms, payload_json), None = unchanged."""
+    delay = parsed.get("delay")
+    payload = payload_json(parsed["payload"]) if "payload" in parsed else None
+    return parsed.get("run_at"), None if delay is None else round(delay * 1000), payload
 
 
-def parse_page(query: Mapping[str, str]) -> tuple[int, str | None]:
-    """(limit, cursor) of a list request: limit 1..1000 (default 100)."""
-    raw = query.get("limit", "100")
-    if not raw.isdigit() or not 1 <= int(raw) <= 1000:
-        raise ValidationError("limit must be an integer 1..1000", field="limit")
-    cursor = query.get("cursor") or None
-    if cursor is not None and not re.fullmatch(r"\d{1,4}-\d{1,20}-\d{1,20}", cursor):
-        raise ValidationError("cursor is not one this API gave out", field="cursor")
-    return int(raw), cursor
+# -- responses (documentation only: the handlers build them) --------------------------
 
+ERROR: Schema = {
+    "title": "Error",
+    "type": "object",
+    "required": ["error"],
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["code", "message", "field"],
+            "properties": {
+                "code": {"type": "string"},
+                "message": {"type": "string"},
+                "field": {"type": ["string", "null"]},
+            },
+        }
+    },
+}
 
-def parse_patch(body: dict[str, Any]) -> tuple[int | None, int | None, str | None]:
-    """A PATCH body: (run_at_ms, delay_ms, payload_json), each None when unchanged."""
-    _unknown(body, PATCH_FIELDS)
-    if not body:
-        raise ValidationError("nothing to change: give run_at, delay or payload", field="run_at")
-    run_at_ms, delay_ms = _when(body, required=False)
-    payload = _payload_json(body["payload"]) if "payload" in body else None
-    return run_at_ms, delay_ms, payload
+_TIME = {"type": "string", "format": "date-time"}
+_OPT_TIME = {"type": ["string", "null"], "format": "date-time"}
+
+TASK: Schema = {
+    "title": "Task",
+    "type": "object",
+    "required": ["id", "run_id", "queue", "state", "attempt", "run_at"],
+    "properties": {
+        "id": {"type": "string"},
+        "run_id": {"type": "string"},
+        "queue": {"type": "string"},
+        "state": {"type": "string", "enum": list(STATES)},
+        "attempt": {"type": "integer"},
+        "run_at": _TIME,
+        "created_at": _TIME,
+        "updated_at": _OPT_TIME,
+        "payload": {},
+        "last_error": {"type": ["string", "null"]},
+        "schedule_id": {"type": "string"},
+        "retry": {"type": "object"},
+        "visibility_timeout_s": {"type": "number"},
+        "expires_at_ms": {"type": "integer"},
+        "window_s": {"type": "number"},
+    },
+}
+
+TASK_PAGE_OUT: Schema = {
+    "title": "TaskPage",
+    "type": "object",
+    "required": ["items", "next_cursor"],
+    "properties": {
+        "items": {"type": "array", "items": TASK},
+        "next_cursor": {"type": ["string", "null"]},
+    },
+}
+
+BATCH_OUT: Schema = {
+    "title": "BatchResult",
+    "type": "object",
+    "required": ["results"],
+    "properties": {
+        "results": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["status"],
+                "properties": {
+                    "status": {"type": "integer"},
+                    "task": {"type": "object"},
+                    "error": ERROR["properties"]["error"],
+                },
+            },
+        }
+    },
+}
+
+RUNS_OUT: Schema = {
+    "title": "RunHistory",
+    "type": "object",
+    "required": ["run_id", "events"],
+    "properties": {
+        "run_id": {"type": "string"},
+        "events": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "event": {"type": "string"},
+                    "at": _TIME,
+                    "attempt": {"type": ["integer", "null"]},
+                    "reason": {"type": ["string", "null"]},
+                    "error": {"type": ["string", "null"]},
+                },
+            },
+        },
+    },
+}
+
+DEAD_PAGE_OUT: Schema = {
+    "title": "DeadLetterPage",
+    "type": "object",
+    "required": ["items", "next_cursor"],
+    "properties": {
+        "items": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "run_id": {"type": "string"},
+                    "queue": {"type": "string"},
+                    "attempt": {"type": "integer"},
+                    "reason": {"type": "string"},
+                    "error": {"type": "string"},
+                    "dead_at": _TIME,
+                    "run_at": _TIME,
+                    "payload": {},
+                },
+            },
+        },
+        "next_cursor": {"type": ["string", "null"]},
+    },
+}
+
+REPLAY_OUT: Schema = {
+    "type": "object",
+    "required": ["run_id", "state", "run_at"],
+    "properties": {"run_id": {"type": "string"}, "state": {"type": "string"}, "run_at": _TIME},
+}
+
+PURGE_OUT: Schema = {
+    "type": "object",
+    "required": ["run_id", "purged"],
+    "properties": {"run_id": {"type": "string"}, "purged": {"type": "boolean"}},
+}
+
+TENANT_OUT: Schema = {
+    "title": "Tenant",
+    "type": "object",
+    "required": ["id", "limits"],
+    "properties": {
+        "id": {"type": "string"},
+        "limits": {
+            "type": "object",
+            "properties": {
+                "max_payload_bytes": {"type": ["integer", "null"]},
+                "max_pending": {"type": ["integer", "null"]},
+                "dispatch_rate": {"type": ["number", "null"]},
+            },
+        },
+        "created_at_ms": {"type": "integer"},
+    },
+}
+
+KEY_OUT: Schema = {
+    "title": "ApiKey",
+    "type": "object",
+    "required": ["tenant", "key_id", "key"],
+    "properties": {
+        "tenant": {"type": "string"},
+        "key_id": {"type": "string"},
+        "key": {"type": "string", "description": "shown once; only its SHA-256 is stored"},
+    },
+}
+
+REVOKED_OUT: Schema = {
+    "type": "object",
+    "required": ["key_id", "revoked"],
+    "properties": {"key_id": {"type": "string"}, "revoked": {"type": "boolean"}},
+}
+
+STATUS_OUT: Schema = {"type": "object", "properties": {"status": {"type": "string"}}}

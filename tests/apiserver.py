@@ -1,0 +1,78 @@
+"""A real `timewheel api` process (uvicorn) on a free port, against the session's
+standalone redis-server, with its own key prefix and a bootstrap admin key."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import test_settings
+from timewheel.config import Settings
+from timewheel.redis_server import RedisServer, find_free_port
+
+
+@dataclass(frozen=True)
+class ApiServer:
+    url: str
+    admin_key: str
+    settings: Settings
+    """The settings the process runs with (prefix, shards ...), for a test-side Engine."""
+
+
+def start_api(redis_url: str, log: Path) -> tuple[subprocess.Popen[bytes], ApiServer]:
+    settings = test_settings(redis_url)
+    admin_key = "tw_admin_" + secrets.token_hex(16)
+    port = find_free_port()
+    env = {
+        **os.environ,
+        "TIMEWHEEL_PREFIX": settings.prefix,
+        "TIMEWHEEL_SHARDS": str(settings.shards),
+        "TIMEWHEEL_BUCKET_MS": str(settings.bucket_ms),
+        "TIMEWHEEL_HORIZON_MS": str(settings.horizon_ms),
+        "TIMEWHEEL_ADMIN_KEY": admin_key,
+    }
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "timewheel.cli", "api", "--redis-url", redis_url,
+             "--port", str(port)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            if httpx.get(f"{url}/healthz").status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(f"api did not start:\n{log.read_text()}")
+        time.sleep(0.05)
+    return proc, ApiServer(url, admin_key, settings)
+
+
+@pytest.fixture(scope="module")
+def api_server(
+    redis_standalone: RedisServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ApiServer]:
+    """One api process per test module."""
+    log = tmp_path_factory.mktemp("api") / "api.log"
+    proc, server = start_api(redis_standalone.url, log)
+    try:
+        yield server
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+    assert "Traceback" not in log.read_text(), log.read_text()

@@ -1,0 +1,155 @@
+"""The SDK's schedule methods and the CLI's schedule commands: the requests they shape
+(a recording transport), and every schedule endpoint through them against a real api
+process and redis-server, with its error codes."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import subprocess
+import sys
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.apiserver import ApiServer, api_server
+from timewheel.client import AsyncClient, Client
+from timewheel.errors import NotFoundError, PermissionDeniedError, UnprocessableError
+
+__all__ = ["api_server"]
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str, Any]] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content) if request.content else None
+        self.seen.append((request.method, request.url.path, body))
+        return httpx.Response(200, json={"id": "s1"})
+
+
+EXPECTED: list[tuple[str, str, Any]] = [
+    ("POST", "/v1/schedules", {"cron": "0 9 * * *", "timezone": "Europe/Paris",
+                               "catchup": "latest", "overlap": "skip", "queue": "q"}),
+    ("GET", "/v1/schedules/s1", None),
+    ("PATCH", "/v1/schedules/s1", {"every_s": 30, "paused": True}),
+    ("POST", "/v1/schedules/s1/pause", None),
+    ("POST", "/v1/schedules/s1/resume", None),
+    ("POST", "/v1/schedules/s1/trigger", None),
+    ("POST", "/v1/schedules/s1/backfill",
+     {"from": "2026-11-01T00:00:00Z", "to": "2026-11-02T00:00:00Z"}),
+    ("GET", "/v1/schedules/s1/runs", None),
+    ("DELETE", "/v1/schedules/s1", None),
+]
+
+
+def test_schedule_methods_follow_the_url_contract() -> None:
+    rec = Recorder()
+    with Client("http://tw", "k", transport=httpx.MockTransport(rec)) as tw:
+        tw.create_schedule(cron="0 9 * * *", timezone="Europe/Paris", catchup="latest",
+                           overlap="skip", queue="q")
+        tw.get_schedule("s1")
+        tw.update_schedule("s1", every_s=30, paused=True)
+        tw.pause_schedule("s1")
+        tw.resume_schedule("s1")
+        tw.trigger_schedule("s1")
+        tw.backfill_schedule("s1", start_at="2026-11-01T00:00:00Z", end_at="2026-11-02T00:00:00Z")
+        tw.schedule_runs("s1")
+        tw.delete_schedule("s1")
+    assert rec.seen == EXPECTED
+
+
+async def test_async_schedule_methods_follow_the_url_contract() -> None:
+    rec = Recorder()
+    async with AsyncClient("http://tw", "k", transport=httpx.MockTransport(rec)) as tw:
+        await tw.create_schedule(cron="0 9 * * *", timezone="Europe/Paris", catchup="latest",
+                                 overlap="skip", queue="q")
+        await tw.get_schedule("s1")
+        await tw.update_schedule("s1", every_s=30, paused=True)
+        await tw.pause_schedule("s1")
+        await tw.resume_schedule("s1")
+        await tw.trigger_schedule("s1")
+        await tw.backfill_schedule(
+            "s1", start_at="2026-11-01T00:00:00Z", end_at="2026-11-02T00:00:00Z"
+        )
+        await tw.schedule_runs("s1")
+        await tw.delete_schedule("s1")
+    assert rec.seen == EXPECTED
+
+
+@pytest.fixture
+def tenant_key(api_server: ApiServer) -> str:
+    with Client(api_server.url, api_server.admin_key) as admin:
+        name = f"sched-{secrets.token_hex(3)}"
+        admin.create_tenant(name)
+        return str(admin.create_key(name)["key"])
+
+
+def test_every_schedule_endpoint_through_the_sdk(api_server: ApiServer, tenant_key: str) -> None:
+    with Client(api_server.url, tenant_key) as tw:
+        s = tw.create_schedule(cron="30 2 * * *", timezone="America/New_York", queue="nightly",
+                               payload={"job": "sync"}, catchup="all", overlap="buffer_one")
+        sid = s["id"]
+        assert (s["state"], s["timezone"], s["overlap"]) == ("active", "America/New_York",
+                                                             "buffer_one")
+        assert tw.get_schedule(sid)["payload"] == {"job": "sync"}
+        assert tw.update_schedule(sid, every_s=3600)["every_s"] == 3600
+        assert tw.update_schedule(sid, paused=True)["state"] == "paused"
+        assert tw.resume_schedule(sid)["state"] == "active"
+        assert tw.pause_schedule(sid)["state"] == "paused"
+        assert tw.update_schedule(sid, paused=False)["state"] == "active"
+        run_id = tw.trigger_schedule(sid)["run_id"]
+        assert run_id.startswith(f"{sid}@manual-")
+        assert tw.get_task(run_id)["schedule_id"] == sid
+        back = tw.backfill_schedule(sid, start_at="2026-11-01T00:00:00Z",
+                                    end_at="2026-11-01T05:00:00Z")
+        assert (back["added"], back["existing"]) == (6, 0)
+        assert tw.schedule_runs(sid)["schedule_id"] == sid
+        assert tw.delete_schedule(sid)["deleted"] is True
+        with pytest.raises(NotFoundError):
+            tw.get_schedule(sid)
+        with pytest.raises(UnprocessableError) as bad:
+            tw.create_schedule(cron="0 9 * * *", timezone="Mars/Olympus")
+        assert bad.value.field == "timezone"
+        with pytest.raises(UnprocessableError) as bad:
+            tw.create_schedule(every_s=60, start_at="2027-01-02T00:00:00Z",
+                               end_at="2027-01-01T00:00:00Z")
+        assert bad.value.field == "end_at"
+        other = tw.create_schedule(every_s=60)["id"]
+    with Client(api_server.url, api_server.admin_key) as admin, pytest.raises(
+        PermissionDeniedError  # schedules are a tenant's: the admin key is refused
+    ):
+        admin.get_schedule(other)
+
+
+def test_schedule_cli(api_server: ApiServer, tenant_key: str) -> None:
+    cli = [sys.executable, "-m", "timewheel.cli", "schedule"]
+    conn = ["--url", api_server.url, "--key", tenant_key, "--json"]
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*cli, *args, *conn], capture_output=True, text=True, timeout=60)
+
+    made = run("create", "--every-s", "60", "--payload", '{"a": 1}', "--overlap", "skip")
+    assert made.returncode == 0, made.stderr
+    sid = json.loads(made.stdout)["id"]
+    for action, check in (
+        ("get", lambda out: out["overlap"] == "skip"),
+        ("pause", lambda out: out["state"] == "paused"),
+        ("resume", lambda out: out["state"] == "active"),
+        ("trigger", lambda out: out["run_id"].startswith(sid)),
+        ("runs", lambda out: out["schedule_id"] == sid),
+        ("delete", lambda out: out["deleted"] is True),
+    ):
+        proc = run(action, sid)
+        assert proc.returncode == 0, (action, proc.stderr)
+        assert check(json.loads(proc.stdout)), action
+    gone = run("get", sid)
+    assert gone.returncode == 1 and "404 not_found" in gone.stderr
+    assert "Traceback" not in gone.stderr
+    proc = subprocess.run([*cli, "create", "--cron", "x", "--every-s", "1", *conn],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "not allowed with argument" in proc.stderr
+    bad = run("create", "--cron", "61 * * * *")
+    assert bad.returncode == 1 and "422" in bad.stderr and "Traceback" not in bad.stderr

@@ -1,0 +1,172 @@
+"""The endpoint table: one `Endpoint` per (method, path), read by the router and by the
+OpenAPI generator (timewheel/api/openapi.py).
+
+A request goes: authenticate (role) -> read and parse the body with the endpoint's spec ->
+parse the query -> handler(call) -> response; any exception becomes a response in
+timewheel/api/errors.py. Request metrics are counted here, per route template.
+
+Adding endpoints (e.g. schedules from timewheel/api/schedule_routes.py): export a list of
+`Endpoint`s and pass it to `create_app(extra_endpoints=...)` or append it to
+`timewheel.api.app.ENDPOINTS`; the router and /openapi.json pick it up.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from timewheel.api import schemas
+from timewheel.api.errors import response_for
+from timewheel.api.metrics import ApiMetrics
+from timewheel.api.spec import Obj, Query, Schema
+from timewheel.engine import Engine
+from timewheel.errors import Forbidden, NotFound, PayloadTooLarge, Unauthorized
+from timewheel.tenants import ADMIN, TENANT, Principal, Tenant, TenantStore
+
+PUBLIC = "public"
+
+
+@dataclass
+class Call:
+    """What a handler gets: the request, the parsed body and query, who is calling."""
+
+    request: Request
+    engine: Engine
+    store: TenantStore
+    principal: Principal | None
+    body: dict[str, Any] = field(default_factory=dict)
+    """The raw JSON object (for handlers that parse items themselves, e.g. batch)."""
+    data: dict[str, Any] = field(default_factory=dict)
+    """The body parsed by the endpoint's spec."""
+    query: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def path(self) -> Mapping[str, str]:
+        return self.request.path_params
+
+    @property
+    def tenant_id(self) -> str:
+        assert self.principal is not None and self.principal.tenant is not None
+        return self.principal.tenant
+
+    async def tenant(self) -> Tenant:
+        """The caller's tenant record (limits), cached for about a second."""
+        return await self.store.get_tenant(self.tenant_id, cached=True)
+
+
+Handler = Callable[[Call], Awaitable[Response]]
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One operation of the API."""
+
+    method: str
+    path: str
+    handler: Handler
+    operation_id: str
+    summary: str
+    role: str = TENANT
+    """public | tenant (a tenant key) | admin (an admin key)."""
+    body: Obj | None = None
+    query: Query | None = None
+    status: int = 200
+    response: Schema = field(default_factory=dict)
+    errors: tuple[int, ...] = ()
+    """Error statuses besides the ones implied by role, body and query."""
+    response_type: str = "application/json"
+    extra_statuses: tuple[int, ...] = ()
+    """Further success statuses (e.g. 200 for an idempotent repeat of a 201 create)."""
+    max_body_bytes: int | None = None
+    """Largest request body; None: twice the deployment's max payload plus 64 KiB."""
+
+
+async def read_json(request: Request, limit: int) -> dict[str, Any]:
+    """The body as a JSON object, refused with 413 past `limit` bytes without reading on."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(f"request body over {limit} bytes", field="payload")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"request body over {limit} bytes", field="payload")
+        chunks.append(chunk)
+    return schemas.parse_json_object(b"".join(chunks))
+
+
+async def _authorize(store: TenantStore, request: Request, role: str) -> Principal | None:
+    if role == PUBLIC:
+        return None
+    principal = await store.authenticate(request.headers.get("authorization"))
+    if principal.role != role:
+        raise Forbidden(
+            "this endpoint needs an admin key"
+            if role == ADMIN
+            else "this endpoint needs a tenant's key, not an admin key"
+        )
+    if role == TENANT:
+        try:
+            await store.get_tenant(principal.tenant or "", cached=True)
+        except NotFound as exc:  # a key whose tenant is gone is no key
+            raise Unauthorized("the key's tenant does not exist") from exc
+    return principal
+
+
+class _EndpointApp:
+    """The ASGI app of one endpoint. A plain ASGI callable, not a function, so Starlette
+    does not wrap it in another request/exception layer: errors are answered here,
+    through timewheel/api/errors.py, and counted in the metrics with their status."""
+
+    def __init__(self, endpoint: Endpoint):
+        self.endpoint = endpoint
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        request = Request(scope, receive)
+        response = await self.respond(request)
+        await response(scope, receive, send)
+
+    async def respond(self, request: Request) -> Response:
+        endpoint = self.endpoint
+        started = time.perf_counter()
+        state = request.app.state
+        try:
+            principal = await _authorize(state.tenant_store, request, endpoint.role)
+            call = Call(request, state.engine, state.tenant_store, principal)
+            if endpoint.body is not None:
+                limit = endpoint.max_body_bytes or (
+                    state.engine.settings.max_payload_bytes * 2 + 65_536
+                )
+                call.body = await read_json(request, limit)
+                call.data = endpoint.body.parse(call.body)
+            if endpoint.query is not None:
+                call.query = endpoint.query.parse(request.query_params)
+            response = await endpoint.handler(call)
+        except Exception as exc:
+            response = response_for(request, exc)
+        metrics: ApiMetrics = state.metrics
+        metrics.observe(endpoint.method, endpoint.path, response.status_code, started)
+        return response
+
+
+def _route(endpoint: Endpoint) -> Route:
+    return Route(
+        endpoint.path,
+        _EndpointApp(endpoint),
+        methods=[endpoint.method],
+        name=endpoint.operation_id,
+    )
+
+
+def build_routes(endpoints: list[Endpoint]) -> list[Route]:
+    """Starlette routes for the table. Literal paths go before templated ones of the same
+    prefix (`/v1/tasks/batch` before `/v1/tasks/{task_id}`), as Starlette matches in order."""
+    ordered = sorted(endpoints, key=lambda e: (e.path.count("{"), -len(e.path)))
+    return [_route(e) for e in ordered]

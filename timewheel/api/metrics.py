@@ -1,0 +1,34 @@
+"""The API process's own Prometheus metrics, in a registry per app (no global state)."""
+
+from __future__ import annotations
+
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+LATENCY_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
+
+
+class ApiMetrics:
+    """Requests by method, route template and status; latency by route. Labels carry no
+    tenant, so /metrics (unauthenticated, like /healthz) shows no tenant's name or count."""
+
+    def __init__(self, registry: CollectorRegistry | None = None):
+        self.registry = registry or CollectorRegistry()
+        self.requests = Counter(
+            "timewheel_api_requests",
+            "HTTP requests answered, by method, route template and status.",
+            ["method", "route", "status"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "timewheel_api_request_seconds",
+            "Time from routing to response, by method and route template.",
+            ["method", "route"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=self.registry,
+        )
+
+    def observe(self, method: str, route: str, status: int, started: float) -> None:
+        self.requests.labels(method, route, str(status)).inc()
+        self.latency.labels(method, route).observe(time.perf_counter() - started)

@@ -1,0 +1,246 @@
+"""Tenants, their limits and API keys, stored in Redis under global (non-shard) keys.
+
+Keys are `tw_` + 43 url-safe characters (256 random bits); only their SHA-256 is stored,
+and a key is looked up by its hash (HGET), so no comparison of key bytes happens at all;
+the bootstrap admin key's hash is compared with `hmac.compare_digest` (constant time).
+The API process caches lookups for `CACHE_TTL_S` (1 s): a revoked key stops working
+within 1 s in every api process, and a changed limit applies within 1 s.
+
+Pending count (max_pending): kept in a per-tenant HASH of due bucket -> count of the
+runs created through the API (incremented after create, decremented after cancel and
+moved by reschedule) and summed over buckets not yet due. It costs one HINCRBY per create
+and only for tenants that set max_pending. It is an estimate: a run counts until its due
+bucket starts (dispatch is not seen, lua/tick.lua being out of bounds here), retries and
+replays are not counted, and a crash between the create and the HINCRBY loses one count.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import secrets
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from redis.exceptions import RedisError
+
+from timewheel.errors import Conflict, NotFound, OverLimit, RedisUnavailable, Unauthorized
+from timewheel.keys import Keys
+from timewheel.redis_client import RedisClient
+
+CACHE_TTL_S = 1.0
+ADMIN = "admin"
+TENANT = "tenant"
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """A tenant's limits; None means the deployment's default (no limit for pending/rate)."""
+
+    max_payload_bytes: int | None = None
+    """Largest payload, encoded JSON bytes (never above the deployment's max_payload_bytes)."""
+    max_pending: int | None = None
+    """Most scheduled runs at once (estimated, see the module docstring); over it: 429."""
+    dispatch_rate: float | None = None
+    """Runs per second the tick may dispatch for the tenant. Stored and shown; the tick does
+    not enforce it yet (DESIGN.md section 8, scheduler side)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Tenant:
+    id: str
+    limits: Limits
+    created_ms: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "limits": asdict(self.limits), "created_at_ms": self.created_ms}
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who a request is: an admin key, or a key of one tenant."""
+
+    role: str
+    tenant: str | None
+    key_id: str
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def new_key() -> str:
+    """A fresh API key: 256 random bits."""
+    return "tw_" + secrets.token_urlsafe(32)
+
+
+def _err(exc: Exception) -> RedisUnavailable:
+    return RedisUnavailable(f"tenant store: {exc}")
+
+
+class TenantStore:
+    """Tenants and keys of one deployment, with a short cache of lookups (per instance)."""
+
+    def __init__(self, client: RedisClient, keys: Keys, *, admin_key: str = "", bucket_ms: int):
+        self.client = client
+        self.keys = keys
+        self.bucket_ms = bucket_ms
+        self._admin_hash = hash_key(admin_key) if admin_key else ""
+        self._principals: dict[str, tuple[float, Principal | None]] = {}
+        self._tenants: dict[str, tuple[float, Tenant | None]] = {}
+        self._pending: dict[str, tuple[float, int, int]] = {}
+        """tenant -> (cache expiry, count, ms until the oldest counted bucket stops counting)"""
+
+    # -- tenants ------------------------------------------------------------------
+
+    async def create_tenant(self, tenant_id: str, limits: Limits) -> Tenant:
+        """Register a tenant. Raises Conflict if the id exists."""
+        tenant = Tenant(tenant_id, limits, int(time.time() * 1000))
+        value = json.dumps({"limits": asdict(limits), "created_ms": tenant.created_ms})
+        try:
+            added = await self.client.hsetnx(self.keys.tenants(), tenant_id, value)
+        except (RedisError, OSError) as exc:
+            raise _err(exc) from exc
+        if not added:
+            raise Conflict(f"tenant {tenant_id!r} exists already")
+        self._tenants.pop(tenant_id, None)
+        return tenant
+
+    async def get_tenant(self, tenant_id: str, *, cached: bool = False) -> Tenant:
+        """A tenant. Raises NotFound."""
+        now = time.monotonic()
+        hit = self._tenants.get(tenant_id)
+        if cached and hit is not None and hit[0] > now:
+            found = hit[1]
+        else:
+            try:
+                raw = await self.client.hget(self.keys.tenants(), tenant_id)
+            except (RedisError, OSError) as exc:
+                raise _err(exc) from exc
+            found = None
+            if raw is not None:
+                data = json.loads(raw)
+                found = Tenant(tenant_id, Limits(**data["limits"]), int(data["created_ms"]))
+            self._tenants[tenant_id] = (now + CACHE_TTL_S, found)
+        if found is None:
+            raise NotFound(f"tenant {tenant_id!r} not found")
+        return found
+
+    # -- keys ---------------------------------------------------------------------
+
+    async def issue_key(self, tenant_id: str) -> tuple[str, str]:
+        """A new key for an existing tenant: (key_id, key). The key is not stored."""
+        await self.get_tenant(tenant_id)
+        key, key_id = new_key(), "k" + secrets.token_hex(6)
+        digest = hash_key(key)
+        info = json.dumps({"tenant": tenant_id, "key_id": key_id, "role": TENANT})
+        try:
+            await self.client.hset(self.keys.tenant_keys(tenant_id), key_id, digest)
+            await self.client.hset(self.keys.api_keys(), digest, info)
+        except (RedisError, OSError) as exc:
+            raise _err(exc) from exc
+        return key_id, key
+
+    async def revoke_key(self, tenant_id: str, key_id: str) -> None:
+        """Revoke a key by its id; every api process stops taking it within CACHE_TTL_S.
+        Raises NotFound for an unknown tenant or key id."""
+        await self.get_tenant(tenant_id)
+        try:
+            digest = await self.client.hget(self.keys.tenant_keys(tenant_id), key_id)
+            if digest is None:
+                raise NotFound(f"key {key_id!r} of tenant {tenant_id!r} not found")
+            await self.client.hdel(self.keys.api_keys(), digest)
+            await self.client.hdel(self.keys.tenant_keys(tenant_id), key_id)
+        except (RedisError, OSError) as exc:
+            raise _err(exc) from exc
+        self._principals.pop(digest.decode() if isinstance(digest, bytes) else digest, None)
+
+    async def authenticate(self, authorization: str | None) -> Principal:
+        """The principal of an `Authorization: Bearer <key>` header. Raises Unauthorized."""
+        if not authorization or not authorization.startswith("Bearer "):
+            raise Unauthorized("send Authorization: Bearer <api key>")
+        digest = hash_key(authorization[7:].strip())
+        if self._admin_hash and hmac.compare_digest(digest, self._admin_hash):
+            return Principal(ADMIN, None, "bootstrap")
+        now = time.monotonic()
+        hit = self._principals.get(digest)
+        if hit is not None and hit[0] > now:
+            principal = hit[1]
+        else:
+            principal = await self._lookup(digest)
+            if len(self._principals) > 10_000:  # bounded: unknown keys must not grow it
+                self._principals.clear()
+            self._principals[digest] = (now + CACHE_TTL_S, principal)
+        if principal is None:
+            raise Unauthorized("unknown or revoked API key")
+        return principal
+
+    async def _lookup(self, digest: str) -> Principal | None:
+        try:
+            raw = await self.client.hget(self.keys.api_keys(), digest)
+        except (RedisError, OSError) as exc:
+            raise _err(exc) from exc
+        if raw is None:
+            return None
+        info = json.loads(raw)
+        return Principal(info["role"], info.get("tenant"), info["key_id"])
+
+    # -- pending estimate ---------------------------------------------------------------
+
+    def _bucket(self, due_ms: int) -> int:
+        return due_ms - due_ms % self.bucket_ms
+
+    async def check_pending(self, tenant: Tenant, adding: int) -> None:
+        """Raise OverLimit if `adding` more runs would put the tenant over max_pending."""
+        limit = tenant.limits.max_pending
+        if limit is None:
+            return
+        now = time.monotonic()
+        hit = self._pending.get(tenant.id)
+        if hit is not None and hit[0] > now:
+            count, frees_in_ms = hit[1], hit[2]
+        else:
+            count, frees_in_ms = await self._count_pending(tenant.id)
+            self._pending[tenant.id] = (now + CACHE_TTL_S, count, frees_in_ms)
+        if count + adding > limit:
+            raise OverLimit(
+                f"tenant has about {count} pending runs; max_pending is {limit}",
+                retry_after_s=max(1, -(-frees_in_ms // 1000)),
+            )
+
+    async def _count_pending(self, tenant_id: str) -> tuple[int, int]:
+        """(runs counted, ms until the oldest counted bucket stops counting)."""
+        key = self.keys.pending(tenant_id)
+        try:
+            buckets: dict[Any, Any] = await self.client.hgetall(key)
+            now_ms = int(time.time() * 1000)
+            stale = [b for b in buckets if int(b) + self.bucket_ms <= now_ms]
+            if stale:
+                await self.client.hdel(key, *stale[:1000])
+        except (RedisError, OSError) as exc:
+            raise _err(exc) from exc
+        live = {int(b): int(v) for b, v in buckets.items() if int(b) + self.bucket_ms > now_ms}
+        frees_in_ms = min(live) + self.bucket_ms - now_ms if live else self.bucket_ms
+        return sum(live.values()), frees_in_ms
+
+    async def count_pending(self, tenant: Tenant, changes: list[tuple[int, int]]) -> None:
+        """Apply (due_ms, +n/-n) pairs to the tenant's pending estimate (only with
+        max_pending)."""
+        if tenant.limits.max_pending is None or not changes:
+            return
+        per_bucket: dict[int, int] = {}
+        for due_ms, n in changes:
+            b = self._bucket(due_ms)
+            per_bucket[b] = per_bucket.get(b, 0) + n
+        key = self.keys.pending(tenant.id)
+        try:
+            for bucket, n in per_bucket.items():
+                if n:
+                    await self.client.hincrby(key, str(bucket), n)
+        except (RedisError, OSError) as exc:
+            raise _err(exc) from exc
+        hit = self._pending.get(tenant.id)
+        if hit is not None:
+            self._pending[tenant.id] = (hit[0], hit[1] + sum(per_bucket.values()), hit[2])
