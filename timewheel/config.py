@@ -61,6 +61,16 @@ class Settings:
     """Shortest visibility timeout a task may ask for; the reaper ignores younger entries."""
     reap_interval_ms: int = 1_000
     """How often a scheduler node looks for expired executor leases in each shard."""
+    postgres_dsn: str = ""
+    """PostgreSQL DSN of the archiver's database ('' = no archiver). When set, run history
+    falls back to PostgreSQL for events the capped event log no longer holds."""
+    archive_batch: int = 1000
+    """Most event-log entries the archiver reads from one shard per PostgreSQL transaction."""
+    archive_hard_cap: int = 1_000_000
+    """Safety valve, entries per shard: while an archiver is configured the event log is
+    trimmed only past its checkpoint, unless the log grows past this (an archiver that
+    stopped for good must not let Redis run out of memory; those events are then lost
+    to PostgreSQL, and the archiver logs the gap)."""
 
     def __post_init__(self) -> None:
         if self.shards < 1 or self.shards > MAX_SHARDS or self.shards & (self.shards - 1):
@@ -77,6 +87,7 @@ class Settings:
             "max_payload_bytes",
             "default_spread",
             "poll_cap_ms",
+            "archive_batch",
         ):
             if getattr(self, name) < 1:
                 raise ConfigError(
@@ -90,6 +101,11 @@ class Settings:
         if self.retry_factor < 1:
             raise ConfigError(
                 f"Setting 'retry_factor' has value {self.retry_factor}. Must be >= 1."
+            )
+        if self.archive_hard_cap < self.event_log_max:
+            raise ConfigError(
+                f"Setting 'archive_hard_cap' has value {self.archive_hard_cap}. "
+                f"Must be >= event_log_max ({self.event_log_max})."
             )
         if self.tick_batch > 5000 or self.promote_batch > 5000:
             raise ConfigError("Settings 'tick_batch' and 'promote_batch' must be <= 5000.")

@@ -2,8 +2,11 @@
 
     TimewheelError
     ├── ConfigError               settings or environment unusable (missing binary, bad URL)
+    │   └── RestoreRefused        restore would write into a Redis that already holds data
     ├── PermanentError            raised by a handler: the run cannot succeed, dead-letter it
     ├── RedisUnavailable          Redis could not be reached or answered with a server error
+    ├── PostgresUnavailable       PostgreSQL could not be reached or a statement failed
+    ├── ArchiveGap                the event log was trimmed past the archiver's checkpoint
     ├── ValidationError           a request field is malformed (HTTP 400/413/422)
     │   ├── PayloadTooLarge       payload over the configured limit (HTTP 413)
     │   └── InvalidSchedule       a cron expression, time zone or time window cannot work
@@ -25,6 +28,22 @@ class TimewheelError(Exception):
 
 class ConfigError(TimewheelError):
     """Raised when settings or the environment cannot work (bad URL, missing redis-server)."""
+
+
+class RestoreRefused(ConfigError):
+    """Raised when `timewheel restore` finds keys in the target Redis and --force is not set,
+    or finds no complete snapshot to restore from."""
+
+
+class PostgresUnavailable(TimewheelError):
+    """Raised when PostgreSQL (archiver, snapshot, restore, history fallback) cannot be
+    reached, refuses the login, or fails a statement."""
+
+
+class ArchiveGap(TimewheelError):
+    """Raised when a shard's event log no longer holds the entries right after the
+    archiver's checkpoint (trimmed by the hard cap): those events are missing from
+    PostgreSQL. The archiver logs it and goes on from the oldest entry still there."""
 
 
 class PermanentError(TimewheelError):

@@ -42,6 +42,7 @@ OPERATIONS = (
     "lease_renew",
     "lease_release",
     "heartbeat",
+    "restore",
 )
 _INCLUDE = re.compile(r"^--!include (\S+)\s*$", re.MULTILINE)
 _CODE = re.compile(r"\{(-\d+)[^}]*\}\s+([A-Z_]+)")
@@ -128,6 +129,7 @@ class Scripts:
         self.lease_renew = Script.load("lease_renew")
         self.lease_release = Script.load("lease_release")
         self.heartbeat = Script.load("heartbeat")
+        self.restore = Script.load("restore")
 
     def all(self) -> list[Script]:
         return [getattr(self, name) for name in OPERATIONS]

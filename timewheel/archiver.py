@@ -1,0 +1,380 @@
+"""The archiver: tails every shard's event log into PostgreSQL, exactly once.
+
+Each round reads up to `archive_batch` entries per shard after that shard's checkpoint,
+and writes their rows (COPY into run_events, an upsert into tasks) and the new
+checkpoints in ONE PostgreSQL transaction. A crash before the commit leaves neither rows
+nor checkpoint, and the next start reads the same entries again; a crash after it has
+both. So PostgreSQL holds every event exactly once (the primary key of run_events would
+refuse a double anyway).
+
+After the commit the checkpoint is also written to the shard's meta hash ('archived',
+with the hard cap 'archive_cap'), which bounds how far lua/lib/events.lua may trim.
+That copy may lag PostgreSQL's (a crash between the two): a lagging mark only trims less.
+
+`created` and `updated` events carry no payload; the archiver reads it from the run's
+record (HGET of its body hash) right after reading the entries. A record already gone
+(expired or purged) leaves payload null; a record updated again meanwhile gives the newer
+payload, which the later `updated` entry would set anyway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+import structlog
+from redis.exceptions import RedisError
+
+from timewheel import pg, record
+from timewheel.engine import Engine
+from timewheel.errors import PostgresUnavailable, RedisUnavailable
+from timewheel.snapshot import take_snapshot
+
+log = structlog.get_logger("timewheel.archiver")
+
+StreamId = tuple[int, int]
+"""A stream entry id '<ms>-<seq>' as two integers (sorts like the id)."""
+
+EVENT_COLUMNS = (
+    "shard",
+    "id_ms",
+    "id_seq",
+    "run_id",
+    "kind",
+    "at_ms",
+    "tenant",
+    "queue",
+    "attempt",
+    "due_ms",
+    "reason",
+    "error",
+    "node",
+    "epoch",
+    "payload",
+    "opts",
+)
+_COPY_EVENTS = f"COPY run_events ({', '.join(EVENT_COLUMNS)}) FROM STDIN"
+_UPSERT_TASK = """
+INSERT INTO tasks (run_id, shard, tenant, queue, state, attempt, due_ms, created_ms,
+                   updated_ms, payload, opts, last_error)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+ON CONFLICT (run_id) DO UPDATE SET
+    tenant = COALESCE(EXCLUDED.tenant, tasks.tenant),
+    queue = COALESCE(EXCLUDED.queue, tasks.queue),
+    state = EXCLUDED.state,
+    attempt = COALESCE(EXCLUDED.attempt, tasks.attempt),
+    due_ms = COALESCE(EXCLUDED.due_ms, tasks.due_ms),
+    created_ms = COALESCE(EXCLUDED.created_ms, tasks.created_ms),
+    updated_ms = COALESCE(EXCLUDED.updated_ms, tasks.updated_ms),
+    payload = COALESCE(EXCLUDED.payload, tasks.payload),
+    opts = COALESCE(EXCLUDED.opts, tasks.opts),
+    last_error = COALESCE(EXCLUDED.last_error, tasks.last_error)
+"""
+_UPSERT_CHECKPOINT = """
+INSERT INTO archive_checkpoints (shard, last_ms, last_seq) VALUES (%s, %s, %s)
+ON CONFLICT (shard) DO UPDATE SET last_ms = EXCLUDED.last_ms, last_seq = EXCLUDED.last_seq,
+    updated_at = now()
+"""
+# The state a run is in after each kind of event (the tasks table's view).
+STATE_AFTER = {
+    "created": "scheduled",
+    "updated": "scheduled",
+    "cancelled": "cancelled",
+    "dispatched": "dispatched",
+    "acked": "succeeded",
+    "retry_scheduled": "scheduled",
+    "dead": "dead",
+    "replayed": "scheduled",
+    "purged": "purged",
+}
+
+
+def parse_id(raw: bytes | str) -> StreamId:
+    """'1700000000000-3' -> (1700000000000, 3)."""
+    text = raw.decode() if isinstance(raw, bytes) else raw
+    ms, _, seq = text.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def format_id(stream_id: StreamId) -> str:
+    return f"{stream_id[0]}-{stream_id[1]}"
+
+
+def _text(fields: dict[bytes, bytes], name: bytes) -> str | None:
+    value = fields.get(name)
+    return None if value is None or value == b"" else value.decode()
+
+
+def _int(fields: dict[bytes, bytes], name: bytes) -> int | None:
+    value = fields.get(name)
+    return None if value is None or value == b"" else int(value)
+
+
+def event_rows(shard: int, entry_id: bytes, fields: dict[bytes, bytes]) -> list[list[Any]]:
+    """The run_events rows of one event-log entry (payload and opts left None)."""
+    ms, seq = parse_id(entry_id)
+    kind = fields[b"e"].decode()
+    at_ms = int(fields[b"at"])
+    common = [_text(fields, b"reason"), _text(fields, b"error")]
+    node, epoch = _text(fields, b"node"), _text(fields, b"epoch")
+    if kind == "dispatched":
+        rows = []
+        for item in fields[b"runs"].split(b","):
+            run_id, _, attempt = item.rpartition(b":")
+            rows.append(
+                [
+                    shard,
+                    ms,
+                    seq,
+                    run_id.decode(),
+                    kind,
+                    at_ms,
+                    None,
+                    None,
+                    int(attempt),
+                    None,
+                    *common,
+                    node,
+                    epoch,
+                    None,
+                    None,
+                ]
+            )
+        return rows
+    return [
+        [
+            shard,
+            ms,
+            seq,
+            fields[b"id"].decode(),
+            kind,
+            at_ms,
+            _text(fields, b"tenant"),
+            _text(fields, b"queue"),
+            _int(fields, b"attempt"),
+            _int(fields, b"due_ms"),
+            *common,
+            node,
+            epoch,
+            None,
+            None,
+        ]
+    ]
+
+
+@dataclass(slots=True)
+class TaskChange:
+    """What a batch of events says about one run, folded in order (None = unchanged)."""
+
+    shard: int
+    state: str = "scheduled"
+    values: dict[str, Any] = field(default_factory=dict)
+
+    def apply(self, row: Sequence[Any]) -> None:
+        ev = dict(zip(EVENT_COLUMNS, row, strict=True))
+        kind = ev["kind"]
+        self.state = STATE_AFTER.get(kind, self.state)
+        v = self.values
+        for name in ("tenant", "queue", "payload", "opts"):
+            if ev[name] is not None:
+                v[name] = ev[name]
+        if kind == "created":
+            v.update(attempt=0, due_ms=ev["due_ms"], created_ms=ev["at_ms"])
+        elif kind == "replayed":
+            v.update(attempt=0, due_ms=ev["at_ms"], updated_ms=ev["at_ms"])
+        else:
+            v["updated_ms"] = ev["at_ms"]
+            if ev["attempt"] is not None:
+                v["attempt"] = ev["attempt"]
+            if ev["due_ms"] is not None:
+                v["due_ms"] = ev["due_ms"]
+            if ev["error"] is not None:
+                v["last_error"] = ev["error"]
+
+    def params(self, run_id: str) -> tuple[Any, ...]:
+        v = self.values
+        return (
+            run_id,
+            self.shard,
+            v.get("tenant"),
+            v.get("queue"),
+            self.state,
+            v.get("attempt"),
+            v.get("due_ms"),
+            v.get("created_ms"),
+            v.get("updated_ms"),
+            v.get("payload"),
+            v.get("opts"),
+            v.get("last_error"),
+        )
+
+
+class Archiver:
+    """Tails the event logs of one deployment into one PostgreSQL database."""
+
+    def __init__(self, engine: Engine, conn: psycopg.AsyncConnection[tuple[object, ...]]):
+        self.engine = engine
+        self.conn = conn
+        self.batch = engine.settings.archive_batch
+        self.checkpoints: dict[int, StreamId | None] = {}
+        self.archived_total = 0
+
+    async def start(self) -> None:
+        """Apply migrations, load the checkpoints, and mark them in every shard's meta."""
+        await pg.migrate(self.conn)
+        cur = await self.conn.execute("SELECT shard, last_ms, last_seq FROM archive_checkpoints")
+        stored = {int(str(r[0])): (int(str(r[1])), int(str(r[2]))) for r in await cur.fetchall()}
+        await self.conn.commit()
+        self.checkpoints = {s: stored.get(s) for s in range(self.engine.settings.shards)}
+        await self._check_gaps()
+        await self._mark(dict(self.checkpoints))
+        log.info("archiver_started", shards=len(self.checkpoints), batch=self.batch)
+
+    async def _check_gaps(self) -> None:
+        """Log every shard whose log was trimmed past our checkpoint (hard cap reached)."""
+        client, keys = self.engine.client, self.engine.keys
+        for shard, checkpoint in self.checkpoints.items():
+            if checkpoint is None:
+                continue
+            try:
+                info: Any = await client.xinfo_stream(keys.events(shard))
+            except RedisError:
+                continue  # no log yet
+            deleted = info.get("max-deleted-entry-id")
+            if deleted is not None and parse_id(deleted) > checkpoint:
+                log.error(
+                    "archive_gap",
+                    shard=shard,
+                    checkpoint=format_id(checkpoint),
+                    trimmed_up_to=deleted.decode() if isinstance(deleted, bytes) else deleted,
+                    hint="the event log passed archive_hard_cap while the archiver was away",
+                )
+
+    async def _mark(self, marks: dict[int, StreamId | None]) -> None:
+        """Write the checkpoints into the shards' meta hashes (bounds trimming)."""
+        if not marks:
+            return
+        cap = self.engine.settings.archive_hard_cap
+        pipe = self.engine.client.pipeline(transaction=False)
+        for shard, checkpoint in marks.items():
+            mark = "0-0" if checkpoint is None else format_id(checkpoint)
+            pipe.hset(self.engine.keys.meta(shard), mapping={"archived": mark, "archive_cap": cap})
+        try:
+            await pipe.execute()
+        except (RedisError, OSError) as exc:
+            raise RedisUnavailable(f"cannot write the archive mark: {exc}") from exc
+
+    async def _read(self) -> dict[int, list[tuple[bytes, dict[bytes, bytes]]]]:
+        keys = self.engine.keys
+        shards = sorted(self.checkpoints)
+        pipe = self.engine.client.pipeline(transaction=False)
+        for shard in shards:
+            checkpoint = self.checkpoints[shard]
+            start = "-" if checkpoint is None else "(" + format_id(checkpoint)
+            pipe.xrange(keys.events(shard), min=start, max="+", count=self.batch)
+        try:
+            replies: list[Any] = await pipe.execute()
+        except (RedisError, OSError) as exc:
+            raise RedisUnavailable(f"cannot read the event logs: {exc}") from exc
+        return {shard: entries for shard, entries in zip(shards, replies, strict=True) if entries}
+
+    async def _fill_payloads(self, rows: list[list[Any]]) -> None:
+        """Read payload and opts of created/updated runs from their records."""
+        wanted = [row for row in rows if row[4] in ("created", "updated")]
+        if not wanted:
+            return
+        keys = self.engine.keys
+        pipe = self.engine.client.pipeline(transaction=False)
+        for row in wanted:
+            pipe.hget(keys.body(row[0], row[3]), row[3])
+        try:
+            raws: list[Any] = await pipe.execute()
+        except (RedisError, OSError) as exc:
+            raise RedisUnavailable(f"cannot read task records: {exc}") from exc
+        for row, raw in zip(wanted, raws, strict=True):
+            if isinstance(raw, bytes):
+                values = record.decode_fields(raw)
+                row[7] = values[4]  # queue
+                row[14], row[15] = values[6], values[7]  # payload, opts
+
+    async def run_once(self) -> int:
+        """One round over every shard; returns the number of entries archived."""
+        read = await self._read()
+        if not read:
+            return 0
+        rows: list[list[Any]] = []
+        advanced: dict[int, StreamId | None] = {}
+        for shard, entries in read.items():
+            for entry_id, fields in entries:
+                rows.extend(event_rows(shard, entry_id, fields))
+            advanced[shard] = parse_id(entries[-1][0])
+        await self._fill_payloads(rows)
+        changes: dict[str, TaskChange] = {}
+        for row in rows:
+            changes.setdefault(row[3], TaskChange(shard=row[0])).apply(row)
+        try:
+            async with self.conn.transaction(), self.conn.cursor() as cur:
+                async with cur.copy(_COPY_EVENTS) as copy:
+                    for row in rows:
+                        await copy.write_row(row)
+                await cur.executemany(
+                    _UPSERT_TASK, [c.params(run_id) for run_id, c in changes.items()]
+                )
+                await cur.executemany(
+                    _UPSERT_CHECKPOINT,
+                    [(s, cp[0], cp[1]) for s, cp in advanced.items() if cp is not None],
+                )
+        except psycopg.Error as exc:
+            raise PostgresUnavailable(f"archiving a batch failed: {exc}") from exc
+        self.checkpoints.update(advanced)
+        await self._mark(advanced)
+        count = sum(len(entries) for entries in read.values())
+        self.archived_total += count
+        return count
+
+    async def run(
+        self,
+        stop: asyncio.Event,
+        *,
+        poll_interval_s: float = 0.1,
+        snapshot_every_s: float | None = None,
+        dsn: str = "",
+    ) -> None:
+        """Archive until `stop` is set; take a snapshot every `snapshot_every_s` if given.
+
+        A round that found a full batch in some shard goes again at once; an idle one
+        sleeps `poll_interval_s` (the lag of an idle archiver is at most that).
+        """
+        snapshots: asyncio.Task[None] | None = None
+        if snapshot_every_s:
+            snapshots = asyncio.create_task(self._snapshots(stop, snapshot_every_s, dsn))
+        try:
+            while not stop.is_set():
+                count = await self.run_once()
+                if count:
+                    log.debug("archived", entries=count, total=self.archived_total)
+                if count < self.batch:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), poll_interval_s)
+        finally:
+            if snapshots is not None:
+                snapshots.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await snapshots
+
+    async def _snapshots(self, stop: asyncio.Event, every_s: float, dsn: str) -> None:
+        """Take a snapshot every `every_s` seconds on a connection of its own."""
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), every_s)
+            if stop.is_set():
+                return
+            try:
+                async with pg.connection(dsn) as conn:
+                    await take_snapshot(self.engine, conn)
+            except (PostgresUnavailable, RedisUnavailable) as exc:
+                log.error("snapshot_failed", error=str(exc))
