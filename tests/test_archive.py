@@ -23,6 +23,7 @@ from timewheel.archiver import Archiver, event_rows
 from timewheel.config import Settings
 from timewheel.engine import Engine, NewTask
 from timewheel.history import run_history
+from timewheel.snapshot import take_snapshot
 
 CLI = [sys.executable, "-m", "timewheel.cli"]
 
@@ -281,3 +282,23 @@ async def test_history_falls_back_to_postgres_when_the_log_lost_it(
         ),
     )
     assert [e.kind for e in await run_history(down, "t0", made.task_id)] == ["purged"]
+
+
+async def test_archive_and_snapshot_on_standalone_and_cluster(
+    engine: Engine, postgres_dsn: str
+) -> None:
+    made = await engine.create_many(
+        [NewTask(tenant=f"t{i % 5}", payload_json=str(i), delay_ms=60_000) for i in range(40)]
+    )
+    await engine.cancel("t0", made[0].task_id)
+    await archive_all(engine, postgres_dsn)
+    assert await pg_rows(postgres_dsn) == await redis_rows(engine)
+    async with pg.connection(postgres_dsn) as conn:
+        result = await take_snapshot(engine, conn)
+        assert (result.tasks, result.schedules) == (39, 0)
+        cur = await conn.execute(
+            "SELECT count(*), count(DISTINCT shard) FROM snapshot_tasks WHERE snapshot_id = %s",
+            (result.snapshot_id,),
+        )
+        row = await cur.fetchone()
+        assert row is not None and row[0] == 39 and int(str(row[1])) >= 2
