@@ -36,6 +36,9 @@ from timewheel.snapshot import take_snapshot
 
 log = structlog.get_logger("timewheel.archiver")
 
+BUSY_SLEEP_S = 0.01
+"""Pause after a round that found entries but no full batch."""
+
 StreamId = tuple[int, int]
 """A stream entry id '<ms>-<seq>' as two integers (sorts like the id)."""
 
@@ -346,8 +349,10 @@ class Archiver:
     ) -> None:
         """Archive until `stop` is set; take a snapshot every `snapshot_every_s` if given.
 
-        A round that found a full batch in some shard goes again at once; an idle one
-        sleeps `poll_interval_s` (the lag of an idle archiver is at most that).
+        A round that found a full batch goes again at once; one that found some entries
+        sleeps BUSY_SLEEP_S (small batches, low lag under load); an idle one sleeps
+        `poll_interval_s` (an idle archiver costs one pipelined XRANGE per shard per
+        interval, and the first event after a quiet spell waits at most that).
         """
         snapshots: asyncio.Task[None] | None = None
         if snapshot_every_s:
@@ -358,8 +363,9 @@ class Archiver:
                 if count:
                     log.debug("archived", entries=count, total=self.archived_total)
                 if count < self.batch:
+                    pause = BUSY_SLEEP_S if count else poll_interval_s
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(stop.wait(), poll_interval_s)
+                        await asyncio.wait_for(stop.wait(), pause)
         finally:
             if snapshots is not None:
                 snapshots.cancel()
