@@ -302,3 +302,35 @@ async def test_archive_and_snapshot_on_standalone_and_cluster(
         )
         row = await cur.fetchone()
         assert row is not None and row[0] == 39 and int(str(row[1])) >= 2
+
+
+async def test_archiver_run_takes_snapshots_every_interval(
+    engine_pg: tuple[Engine, str],
+) -> None:
+    engine, dsn = engine_pg
+    await engine.create_many([NewTask(tenant="t0", delay_ms=60_000) for _ in range(5)])
+    stop = asyncio.Event()
+    async with pg.connection(dsn) as conn:
+        archiver = Archiver(engine, conn)
+        await archiver.start()
+        running = asyncio.create_task(
+            archiver.run(stop, poll_interval_s=0.01, snapshot_every_s=0.1, dsn=dsn)
+        )
+        try:
+            async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as watch:
+                deadline = time.monotonic() + 20
+                while True:
+                    cur = await watch.execute(
+                        "SELECT count(*), min(tasks) FROM snapshots WHERE finished_at IS NOT NULL"
+                    )
+                    row = await cur.fetchone()
+                    assert row is not None
+                    if int(str(row[0])) >= 2:
+                        break
+                    assert time.monotonic() < deadline, "no periodic snapshot"
+                    await asyncio.sleep(0.05)
+                assert row[1] == 5
+        finally:
+            stop.set()
+            await asyncio.wait_for(running, 10)
+        assert archiver.archived_total == 5
