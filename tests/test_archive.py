@@ -22,7 +22,9 @@ from timewheel import pg
 from timewheel.archiver import Archiver, event_rows
 from timewheel.config import Settings
 from timewheel.engine import Engine, NewTask
+from timewheel.errors import RedisUnavailable
 from timewheel.history import run_history
+from timewheel.redis_server import RedisServer
 from timewheel.snapshot import take_snapshot
 
 CLI = [sys.executable, "-m", "timewheel.cli"]
@@ -334,3 +336,54 @@ async def test_archiver_run_takes_snapshots_every_interval(
             stop.set()
             await asyncio.wait_for(running, 10)
         assert archiver.archived_total == 5
+
+
+async def test_archiver_rides_through_restarts_of_redis_and_postgres(
+    tmp_path: Path, postgres_dsn: str
+) -> None:
+    server = RedisServer(tmp_path / "redis", appendfsync="always")
+    server.start()
+    engine = await Engine.connect(test_settings(server.url))
+    stop = asyncio.Event()
+    archiver = Archiver(engine, await pg.connect(postgres_dsn))
+    await archiver.start()
+    running = asyncio.create_task(archiver.run(stop, poll_interval_s=0.01, dsn=postgres_dsn))
+
+    async def create(n: int) -> None:
+        for _ in range(100):  # the first call after a restart may meet a dead connection
+            try:
+                await engine.create_many([NewTask(tenant="a", delay_ms=60_000) for _ in range(n)])
+                return
+            except RedisUnavailable:
+                await asyncio.sleep(0.05)
+        raise AssertionError("Redis did not come back")
+
+    async def caught_up() -> None:
+        deadline = time.monotonic() + 30
+        while await pg_rows(postgres_dsn) != await redis_rows(engine):
+            assert not running.done(), running
+            assert time.monotonic() < deadline, "archiver did not catch up"
+            await asyncio.sleep(0.05)
+
+    try:
+        await create(20)
+        await caught_up()
+        server.stop()  # the archiver's next rounds fail until it is back
+        await asyncio.sleep(0.3)
+        server.start()
+        await create(20)
+        await caught_up()
+        async with await psycopg.AsyncConnection.connect(postgres_dsn, autocommit=True) as c:
+            await c.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+        await create(20)
+        await caught_up()
+        assert len(await pg_rows(postgres_dsn)) == 60
+    finally:
+        stop.set()
+        await asyncio.wait_for(running, 10)
+        await archiver.conn.close()
+        await engine.close()
+        server.stop()

@@ -31,13 +31,15 @@ from redis.exceptions import RedisError
 
 from timewheel import pg, record
 from timewheel.engine import Engine
-from timewheel.errors import PostgresUnavailable, RedisUnavailable
+from timewheel.errors import ConfigError, PostgresUnavailable, RedisUnavailable
 from timewheel.snapshot import take_snapshot
 
 log = structlog.get_logger("timewheel.archiver")
 
 BUSY_SLEEP_S = 0.01
 """Pause after a round that found entries but no full batch."""
+RETRY_FIRST_S, RETRY_MAX_S = 0.1, 5.0
+"""Backoff after a failed round, doubling up to the maximum."""
 
 StreamId = tuple[int, int]
 """A stream entry id '<ms>-<seq>' as two integers (sorts like the id)."""
@@ -228,14 +230,39 @@ class Archiver:
 
     async def start(self) -> None:
         """Apply migrations, load the checkpoints, and mark them in every shard's meta."""
-        await pg.migrate(self.conn)
-        cur = await self.conn.execute("SELECT shard, last_ms, last_seq FROM archive_checkpoints")
-        stored = {int(str(r[0])): (int(str(r[1])), int(str(r[2]))) for r in await cur.fetchall()}
-        await self.conn.commit()
-        self.checkpoints = {s: stored.get(s) for s in range(self.engine.settings.shards)}
+        try:
+            await pg.migrate(self.conn)
+        except psycopg.Error as exc:
+            raise PostgresUnavailable(f"applying migrations failed: {exc}") from exc
+        await self.load_checkpoints()
         await self._check_gaps()
-        await self._mark(dict(self.checkpoints))
         log.info("archiver_started", shards=len(self.checkpoints), batch=self.batch)
+
+    async def load_checkpoints(self) -> None:
+        """Read the checkpoints from PostgreSQL (the truth) and mark them in Redis."""
+        try:
+            cur = await self.conn.execute(
+                "SELECT shard, last_ms, last_seq FROM archive_checkpoints"
+            )
+            rows = await cur.fetchall()
+            await self.conn.commit()
+        except psycopg.Error as exc:
+            raise PostgresUnavailable(f"cannot read the checkpoints: {exc}") from exc
+        stored = {int(str(r[0])): (int(str(r[1])), int(str(r[2]))) for r in rows}
+        self.checkpoints = {s: stored.get(s) for s in range(self.engine.settings.shards)}
+        await self._mark(dict(self.checkpoints))
+
+    async def recover(self, dsn: str) -> None:
+        """After a failure: a new PostgreSQL connection if the old one broke (and a DSN is
+        known), then the checkpoints again from PostgreSQL. Reloading matters: a commit
+        whose acknowledgement was lost may have stored the batch, and the next round must
+        start after it, not read it again."""
+        if dsn and self.conn.closed:
+            self.conn = await pg.connect(dsn)
+        elif self.conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            with contextlib.suppress(psycopg.Error):
+                await self.conn.rollback()
+        await self.load_checkpoints()
 
     async def _check_gaps(self) -> None:
         """Log every shard whose log was trimmed past our checkpoint (hard cap reached)."""
@@ -357,9 +384,25 @@ class Archiver:
         snapshots: asyncio.Task[None] | None = None
         if snapshot_every_s:
             snapshots = asyncio.create_task(self._snapshots(stop, snapshot_every_s, dsn))
+        failing, backoff_s = False, RETRY_FIRST_S
         try:
             while not stop.is_set():
-                count = await self.run_once()
+                try:
+                    if failing:
+                        await self.recover(dsn)
+                    count = await self.run_once()
+                except (RedisUnavailable, PostgresUnavailable, ConfigError) as exc:
+                    # Ride through restarts and failovers of either server: nothing is
+                    # lost meanwhile, the log keeps what was not archived.
+                    log.warning("archiver_retrying", error=str(exc), retry_in_s=backoff_s)
+                    failing = True
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), backoff_s)
+                    backoff_s = min(backoff_s * 2, RETRY_MAX_S)
+                    continue
+                if failing:
+                    log.info("archiver_recovered")
+                failing, backoff_s = False, RETRY_FIRST_S
                 if count:
                     log.debug("archived", entries=count, total=self.archived_total)
                 if count < self.batch:

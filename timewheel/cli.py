@@ -270,7 +270,9 @@ async def _run_archiver(args: argparse.Namespace) -> None:
     if args.poll_ms < 1:
         raise ConfigError("--poll-ms must be at least 1")
     settings = _archive_settings(args)
-    async with pg.connection(settings.postgres_dsn) as conn:
+    conn = await pg.connect(settings.postgres_dsn)
+    archiver: Archiver | None = None
+    try:
         engine = await Engine.connect(settings)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -288,6 +290,9 @@ async def _run_archiver(args: argparse.Namespace) -> None:
             )
         finally:
             await engine.close()
+    finally:
+        # The archiver replaces a connection that broke; close whichever it holds.
+        await (archiver.conn if archiver is not None else conn).close()
 
 
 async def _run_snapshot(args: argparse.Namespace) -> None:
