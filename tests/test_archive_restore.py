@@ -13,15 +13,19 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
+from redis.exceptions import ResponseError
 
 from tests.conftest import test_settings
 from tests.helpers import all_deliveries, running_scheduler
 from tests.test_archive import archive_all
+from timewheel import ids
+from timewheel.archiver import event_rows
 from timewheel.config import Settings
 from timewheel.engine import Engine, NewTask
 from timewheel.errors import TaskNotFound
 from timewheel.models import Task
 from timewheel.redis_server import RedisServer
+from timewheel.restore import RestoredRun
 
 CLI = [sys.executable, "-m", "timewheel.cli"]
 HOUR_MS = 3_600_000
@@ -220,3 +224,55 @@ def test_restore_without_a_snapshot_says_so(own_redis: RedisServer, postgres_dsn
     )
     assert done.returncode == 2
     assert "no timewheel tables" in done.stderr and "Traceback" not in done.stderr
+
+
+async def test_restore_script_writes_the_record_and_places_it_in_the_wheel(
+    standalone_engine: Engine,
+) -> None:
+    engine = standalone_engine
+    run_id = ids.make_task_id(3, ids.new_token())
+    run = RestoredRun(
+        state="dispatched",
+        attempt=2,
+        due_ms=5_000_000,
+        tenant="a",
+        queue="q",
+        created_ms=1_000,
+        payload='{"x":1}',
+        opts='{"retry":{"max_attempts":3}}',
+        updated_ms=2_000,
+        last_error="boom",
+    )
+    keys, bucket_ms = [engine.keys.meta(3)], engine.settings.bucket_ms
+    reply = await engine.call(engine.scripts.restore, keys, [bucket_ms, 1, *run.args(run_id)])
+    assert reply == [1, 0]
+    task = await engine.get("a", run_id)
+    assert (task.state, task.attempt, task.due_ms, task.queue, task.created_ms) == (
+        "scheduled",
+        2,
+        5_000_000,
+        "q",
+        1_000,
+    )
+    assert (task.updated_ms, task.payload_json, task.last_error, task.schedule_id) == (
+        2_000,
+        '{"x":1}',
+        "boom",
+        None,
+    )
+    assert task.options == {"retry": {"max_attempts": 3}}
+    bucket = engine.keys.bucket(3, 5_000_000 - 5_000_000 % bucket_ms)
+    assert await engine.client.hexists(bucket, run_id)  # far level: promoted_until is 0
+    # A run already there is left alone; malformed input is an error reply.
+    again = await engine.call(engine.scripts.restore, keys, [bucket_ms, 1, *run.args(run_id)])
+    assert again == [0, 1]
+    with pytest.raises(ResponseError, match="n <= 200 groups of 11"):
+        await engine.call(engine.scripts.restore, keys, [bucket_ms, 2, *run.args(run_id)])
+
+
+def test_archiver_stores_entries_it_does_not_know_instead_of_stopping() -> None:
+    rows = event_rows(2, b"1700000000000-4", {b"e": b"fired", b"schedule": b"s1"})
+    assert [r[:6] for r in rows] == [[2, 1700000000000, 4, "", "fired", 1700000000000]]
+    assert event_rows(2, b"5-0", {b"e": b"dispatched", b"runs": b""}) == []
+    [row] = event_rows(2, b"5-1", {b"e": b"dispatched", b"at": b"7", b"runs": b"s1@60000:3"})
+    assert (row[3], row[8]) == ("s1@60000", 3)

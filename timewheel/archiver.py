@@ -122,14 +122,18 @@ def _int(fields: dict[bytes, bytes], name: bytes) -> int | None:
 def event_rows(shard: int, entry_id: bytes, fields: dict[bytes, bytes]) -> list[list[Any]]:
     """The run_events rows of one event-log entry (payload and opts left None)."""
     ms, seq = parse_id(entry_id)
-    kind = fields[b"e"].decode()
-    at_ms = int(fields[b"at"])
+    # Tolerant of kinds added later (schedules): whatever names no run is stored with
+    # run_id '' rather than stopping the archiver on an entry it cannot read.
+    kind = _text(fields, b"e") or "unknown"
+    at_ms = _int(fields, b"at") or ms
     common = [_text(fields, b"reason"), _text(fields, b"error")]
     node, epoch = _text(fields, b"node"), _text(fields, b"epoch")
     if kind == "dispatched":
         rows = []
-        for item in fields[b"runs"].split(b","):
+        for item in fields.get(b"runs", b"").split(b","):
             run_id, _, attempt = item.rpartition(b":")
+            if not run_id or not attempt.isdigit():
+                continue
             rows.append(
                 [
                     shard,
@@ -155,7 +159,7 @@ def event_rows(shard: int, entry_id: bytes, fields: dict[bytes, bytes]) -> list[
             shard,
             ms,
             seq,
-            fields[b"id"].decode(),
+            _text(fields, b"id") or "",
             kind,
             at_ms,
             _text(fields, b"tenant"),
@@ -345,7 +349,8 @@ class Archiver:
         await self._fill_payloads(rows)
         changes: dict[str, TaskChange] = {}
         for row in rows:
-            changes.setdefault(row[3], TaskChange(shard=row[0])).apply(row)
+            if row[3]:
+                changes.setdefault(row[3], TaskChange(shard=row[0])).apply(row)
         try:
             async with self.conn.transaction(), self.conn.cursor() as cur:
                 async with cur.copy(_COPY_EVENTS) as copy:

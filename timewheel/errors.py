@@ -6,7 +6,6 @@
     ├── PermanentError            raised by a handler: the run cannot succeed, dead-letter it
     ├── RedisUnavailable          Redis could not be reached or answered with a server error
     ├── PostgresUnavailable       PostgreSQL could not be reached or a statement failed
-    ├── ArchiveGap                the event log was trimmed past the archiver's checkpoint
     ├── ValidationError           a request field is malformed (HTTP 400/413/422)
     │   ├── PayloadTooLarge       payload over the configured limit (HTTP 413)
     │   └── InvalidSchedule       a cron expression, time zone or time window cannot work
@@ -38,12 +37,6 @@ class RestoreRefused(ConfigError):
 class PostgresUnavailable(TimewheelError):
     """Raised when PostgreSQL (archiver, snapshot, restore, history fallback) cannot be
     reached, refuses the login, or fails a statement."""
-
-
-class ArchiveGap(TimewheelError):
-    """Raised when a shard's event log no longer holds the entries right after the
-    archiver's checkpoint (trimmed by the hard cap): those events are missing from
-    PostgreSQL. The archiver logs it and goes on from the oldest entry still there."""
 
 
 class PermanentError(TimewheelError):
