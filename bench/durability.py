@@ -12,12 +12,15 @@ b. archiver lag: a fresh redis-server (appendfsync always) and a fresh PostgreSQ
    (PostgreSQL clock_timestamp() as it was written, just before its commit) minus the
    event's stream id time (Redis clock; same machine). Figures: p50, p99, max; and that
    every event arrived exactly once.
+c. snapshot and restore: --restore-tasks pending tasks (64 shards, 100-byte payloads)
+   are created and archived; then `take_snapshot` runs, Redis is flushed and `restore`
+   rebuilds it. Figures: seconds of each and runs/s, and that every task came back.
 
 The machine is shared (2 cores, other engineers' work): runs are kept short (about
-50 s in all by default) and the figures are indicative.
+75 s in all by default) and the figures are indicative.
 
-Run:  .venv/bin/python bench/durability.py                 (a: 6 s per case; b: 5,000/s for 20 s)
-      .venv/bin/python bench/durability.py --seconds 10 --create-seconds 3
+Run:  .venv/bin/python bench/durability.py       (a: 6 s per case; b: 5,000/s for 20 s; c: 100k)
+      .venv/bin/python bench/durability.py --seconds 10 --create-seconds 3 --restore-tasks 20000
 """
 
 from __future__ import annotations
@@ -40,9 +43,13 @@ import psycopg
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # for tests.postgres
 
 from tests.postgres import PostgresServer
+from timewheel import pg
+from timewheel.archiver import Archiver
 from timewheel.config import Settings
 from timewheel.engine import Engine, NewTask
 from timewheel.redis_server import RedisServer
+from timewheel.restore import restore
+from timewheel.snapshot import take_snapshot
 
 RESULTS = Path(__file__).resolve().parent / "results" / "durability.json"
 SHARDS = 64
@@ -200,11 +207,62 @@ async def archiver_lag(rate: int, seconds: float, root: Path) -> dict[str, Any]:
         pg_server.stop()
 
 
+# -- c. snapshot and restore ------------------------------------------------------------
+
+
+async def snapshot_restore(tasks: int, root: Path) -> dict[str, Any]:
+    server = RedisServer(root / "redis-restore", appendfsync="always")
+    pg_server = PostgresServer()
+    server.start()
+    pg_server.start()
+    try:
+        dsn = pg_server.create_database()
+        settings = Settings(redis_url=server.url, shards=SHARDS, postgres_dsn=dsn)
+        engine = await Engine.connect(settings)
+        try:
+            for start in range(0, tasks, 1000):
+                await engine.create_many(
+                    [
+                        NewTask(tenant=f"t{i % 100}", payload_json=PAYLOAD, delay_ms=HOUR_MS + i)
+                        for i in range(start, min(start + 1000, tasks))
+                    ]
+                )
+            async with pg.connection(dsn) as conn:
+                archiver = Archiver(engine, conn)
+                await archiver.start()
+                while await archiver.run_once():
+                    pass
+                started = time.perf_counter()
+                snap = await take_snapshot(engine, conn)
+                snapshot_s = time.perf_counter() - started
+            await engine.client.flushall()
+        finally:
+            await engine.close()
+        started = time.perf_counter()
+        result = await restore(settings)
+        restore_s = time.perf_counter() - started
+        return {
+            "tasks": tasks,
+            "snapshot_s": round(snapshot_s, 2),
+            "snapshot_per_s": round(snap.tasks / snapshot_s),
+            "restore_s": round(restore_s, 2),
+            "restore_per_s": round(result.restored / restore_s),
+            "snapshotted": snap.tasks,
+            "restored": result.restored,
+        }
+    finally:
+        server.stop()
+        pg_server.stop()
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--create-seconds", type=float, default=6.0, help="per case of part a")
     parser.add_argument("--rate", type=int, default=5000, help="events/s of part b")
     parser.add_argument("--seconds", type=float, default=20.0, help="load time of part b")
+    parser.add_argument(
+        "--restore-tasks", type=int, default=100_000, help="pending tasks of part c"
+    )
     parser.add_argument("--out", type=Path, default=RESULTS, help="JSON results file")
     return parser.parse_args(argv)
 
@@ -226,7 +284,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             f"{b['archived']:,}/{b['events']:,} archived, {b['duplicates']} duplicates",
             flush=True,
         )
-    return {"creates": a, "archiver_lag": b}
+        c = await snapshot_restore(args.restore_tasks, root)
+        print(
+            f"snapshot of {c['snapshotted']:,} pending tasks: {c['snapshot_s']} s "
+            f"({c['snapshot_per_s']:,}/s); restore: {c['restore_s']} s ({c['restore_per_s']:,}/s), "
+            f"{c['restored']:,} back",
+            flush=True,
+        )
+    return {"creates": a, "archiver_lag": b, "snapshot_restore": c}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -239,6 +304,7 @@ def main(argv: list[str] | None = None) -> int:
             "create_seconds": args.create_seconds,
             "rate": args.rate,
             "seconds": args.seconds,
+            "restore_tasks": args.restore_tasks,
             "archiver": "defaults: archive_batch 1000, --poll-ms 100",
             "machine": "2 cores shared with other work; indicative figures",
         },

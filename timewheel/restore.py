@@ -27,13 +27,16 @@ from timewheel import pg
 from timewheel.config import Settings
 from timewheel.engine import Engine
 from timewheel.errors import ConfigError, RedisUnavailable, RestoreRefused
+from timewheel.pipeline import ScriptCall, run_pipeline
 from timewheel.redis_client import RedisClient, connect
+from timewheel.scripts import ScriptArg
 from timewheel.snapshot import write_schedule_hashes
 
 log = structlog.get_logger("timewheel.restore")
 
 RUNS_PER_CALL = 200
 """Runs per restore.lua call (its header's limit)."""
+CALLS_PER_PIPELINE = 16
 PENDING = ("scheduled", "dispatched")
 
 
@@ -248,27 +251,30 @@ async def _restore_shard(
 async def _write(
     engine: Engine, shard: int, pending: Iterable[tuple[str, RestoredRun]]
 ) -> tuple[int, int]:
-    written = existing = 0
-    batch: list[str | int] = []
-    count = 0
+    """Write runs through lua/restore.lua, RUNS_PER_CALL per call, CALLS_PER_PIPELINE calls
+    per round trip (each call stays short; the pipeline only saves round trips)."""
+    script, keys = engine.scripts.restore, [engine.keys.meta(shard)]
+    calls: list[ScriptCall] = []
+    group: list[ScriptArg] = []
+    count = written = existing = 0
 
-    async def flush() -> None:
-        nonlocal written, existing, batch, count
-        if not count:
-            return
-        reply = await engine.call(
-            engine.scripts.restore,
-            [engine.keys.meta(shard)],
-            [engine.settings.bucket_ms, count, *batch],
-        )
-        written += int(reply[0])
-        existing += int(reply[1])
-        batch, count = [], 0
+    async def send() -> None:
+        nonlocal written, existing, calls
+        for reply in await run_pipeline(engine.client, calls):
+            written += int(reply[0])
+            existing += int(reply[1])
+        calls = []
 
     for run_id, run in pending:
-        batch.extend(run.args(run_id))
+        group.extend(run.args(run_id))
         count += 1
         if count == RUNS_PER_CALL:
-            await flush()
-    await flush()
+            calls.append((script, keys, [engine.settings.bucket_ms, count, *group]))
+            group, count = [], 0
+            if len(calls) == CALLS_PER_PIPELINE:
+                await send()
+    if count:
+        calls.append((script, keys, [engine.settings.bucket_ms, count, *group]))
+    if calls:
+        await send()
     return written, existing
