@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 from redis.exceptions import ResponseError
@@ -18,14 +19,15 @@ from redis.exceptions import ResponseError
 from tests.conftest import test_settings
 from tests.helpers import all_deliveries, running_scheduler
 from tests.test_archive import archive_all
-from timewheel import ids
+from timewheel import ids, pg
 from timewheel.archiver import event_rows
 from timewheel.config import Settings
 from timewheel.engine import Engine, NewTask
 from timewheel.errors import TaskNotFound
 from timewheel.models import Task
 from timewheel.redis_server import RedisServer
-from timewheel.restore import RestoredRun
+from timewheel.restore import RestoredRun, restore
+from timewheel.snapshot import take_snapshot
 
 CLI = [sys.executable, "-m", "timewheel.cli"]
 HOUR_MS = 3_600_000
@@ -276,3 +278,32 @@ def test_archiver_stores_entries_it_does_not_know_instead_of_stopping() -> None:
     assert event_rows(2, b"5-0", {b"e": b"dispatched", b"runs": b""}) == []
     [row] = event_rows(2, b"5-1", {b"e": b"dispatched", b"at": b"7", b"runs": b"s1@60000:3"})
     assert (row[3], row[8]) == ("s1@60000", 3)
+
+
+async def test_restore_opens_each_event_log_past_the_archiver_checkpoint(
+    own_redis: RedisServer, postgres_dsn: str
+) -> None:
+    """A new server whose clock is behind the old one's must not write events the
+    archiver would skip (it reads after its checkpoint)."""
+    settings = test_settings(own_redis.url, postgres_dsn=postgres_dsn, shards=1)
+    engine = await Engine.connect(settings)
+    try:
+        await engine.create_many([NewTask(tenant="a", delay_ms=HOUR_MS)])
+        await archive_all(engine, postgres_dsn)
+        async with pg.connection(postgres_dsn) as conn:
+            await take_snapshot(engine, conn)
+            ahead_ms = int(time.time() * 1000) + HOUR_MS  # the old server's clock, say
+            await conn.execute(
+                "UPDATE archive_checkpoints SET last_ms = %s, last_seq = 5", (ahead_ms,)
+            )
+            await conn.commit()
+        await engine.client.flushall()
+        await restore(settings)
+        await engine.create_many([NewTask(tenant="a", delay_ms=HOUR_MS)])
+        entries: Any = await engine.client.xrange(engine.keys.events(0))
+        assert [e[1][b"e"] for e in entries] == [b"restored", b"created"]
+        assert entries[0][0] == f"{ahead_ms}-6".encode()
+        archiver = await archive_all(engine, postgres_dsn)
+        assert archiver.archived_total == 2  # both read, none skipped
+    finally:
+        await engine.close()

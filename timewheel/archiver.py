@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +39,8 @@ log = structlog.get_logger("timewheel.archiver")
 
 BUSY_SLEEP_S = 0.01
 """Pause after a round that found entries but no full batch."""
+REMARK_EVERY_S = 30.0
+"""How often every shard's mark is written again, new events or not."""
 RETRY_FIRST_S, RETRY_MAX_S = 0.1, 5.0
 """Backoff after a failed round, doubling up to the maximum."""
 
@@ -390,11 +393,17 @@ class Archiver:
         if snapshot_every_s:
             snapshots = asyncio.create_task(self._snapshots(stop, snapshot_every_s, dsn))
         failing, backoff_s = False, RETRY_FIRST_S
+        remark_at = time.monotonic() + REMARK_EVERY_S
         try:
             while not stop.is_set():
                 try:
                     if failing:
                         await self.recover(dsn)
+                    if time.monotonic() >= remark_at:
+                        # Again every so often: a meta hash can vanish (FLUSHALL, a
+                        # restore) while a shard has no new events to mark it.
+                        await self._mark(dict(self.checkpoints))
+                        remark_at = time.monotonic() + REMARK_EVERY_S
                     count = await self.run_once()
                 except (RedisUnavailable, PostgresUnavailable, ConfigError) as exc:
                     # Ride through restarts and failovers of either server: nothing is

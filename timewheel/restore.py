@@ -245,7 +245,37 @@ async def _restore_shard(
     written, existing = await _write(
         engine, shard, (p for p in pending if p[1].payload is not None)
     )
+    await _mark_restored(engine, conn, snapshot, shard, written)
     return [written, existing, replayed, len(no_payload)]
+
+
+async def _mark_restored(
+    engine: Engine,
+    conn: psycopg.AsyncConnection[tuple[object, ...]],
+    snapshot: int,
+    shard: int,
+    written: int,
+) -> None:
+    """Open the shard's new event log with a `restored` entry whose id is past the
+    archiver's checkpoint. Stream ids come from the Redis clock: if the new server's
+    clock were behind the old one's, its events would get ids at or below the checkpoint
+    and the archiver, which reads after the checkpoint, would skip them. Every id in
+    the new log is now above it whatever the clock says."""
+    cur = await conn.execute(
+        "SELECT last_ms, last_seq FROM archive_checkpoints WHERE shard = %s", (shard,)
+    )
+    row = await cur.fetchone()
+    client, key = engine.client, engine.keys.events(shard)
+    try:
+        sec, usec = await client.time()
+        now_ms = int(sec) * 1000 + int(usec) // 1000
+        entry_id = "*"
+        if row is not None and int(str(row[0])) >= now_ms:
+            entry_id = f"{int(str(row[0]))}-{int(str(row[1])) + 1}"
+        fields = {"e": "restored", "snapshot": snapshot, "runs": written, "at": now_ms}
+        await client.xadd(key, fields, id=entry_id)  # type: ignore[arg-type]
+    except (RedisError, OSError) as exc:
+        raise RedisUnavailable(f"cannot write the restored event of shard {shard}: {exc}") from exc
 
 
 async def _write(
