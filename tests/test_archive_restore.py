@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ResponseError
 
 from tests.conftest import test_settings
@@ -23,7 +24,7 @@ from timewheel import ids, pg
 from timewheel.archiver import event_rows
 from timewheel.config import Settings
 from timewheel.engine import Engine, NewTask
-from timewheel.errors import TaskNotFound
+from timewheel.errors import RestoreRefused, TaskNotFound
 from timewheel.models import Task
 from timewheel.redis_server import RedisServer
 from timewheel.restore import RestoredRun, restore
@@ -307,3 +308,35 @@ async def test_restore_opens_each_event_log_past_the_archiver_checkpoint(
         assert archiver.archived_total == 2  # both read, none skipped
     finally:
         await engine.close()
+
+
+async def test_forced_restore_on_standalone_and_cluster(engine: Engine, postgres_dsn: str) -> None:
+    """The session's servers hold other tests' keys: only --force may write there, and the
+    runs of this test's prefix, deleted, come back."""
+    made = await engine.create_many(
+        [NewTask(tenant=f"t{i % 4}", payload_json=str(i), delay_ms=HOUR_MS) for i in range(30)]
+    )
+    await archive_all(engine, postgres_dsn)
+    async with pg.connection(postgres_dsn) as conn:
+        await take_snapshot(engine, conn)
+    settings = test_settings(
+        engine.settings.redis_url, prefix=engine.settings.prefix, postgres_dsn=postgres_dsn
+    )
+    with pytest.raises(RestoreRefused, match="not empty"):
+        await restore(settings)
+    pattern = f"{{{engine.settings.prefix}:*"
+    client = engine.client
+    if isinstance(client, RedisCluster):
+        for node in client.get_primaries():
+            async for key in client.scan_iter(match=pattern, target_nodes=node):
+                await client.delete(key)
+    else:
+        async for key in client.scan_iter(match=pattern):
+            await client.delete(key)
+    with pytest.raises(TaskNotFound):
+        await engine.get("t0", made[0].task_id)
+    result = await restore(settings, force=True)
+    assert (result.restored, result.existing) == (30, 0)
+    for i, r in enumerate(made):
+        task = await engine.get(f"t{i % 4}", r.task_id)
+        assert (task.state, task.payload_json) == ("scheduled", str(i))
