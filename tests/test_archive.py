@@ -19,10 +19,11 @@ import pytest
 from tests.conftest import test_settings
 from tests.helpers import running_scheduler
 from timewheel import pg
-from timewheel.archiver import Archiver, event_rows
+from timewheel.archiver import Archiver
 from timewheel.config import Settings
 from timewheel.engine import Engine, NewTask
 from timewheel.errors import RedisUnavailable
+from timewheel.event_rows import event_rows
 from timewheel.history import run_history
 from timewheel.redis_server import RedisServer
 from timewheel.snapshot import take_snapshot

@@ -21,10 +21,10 @@ from tests.conftest import test_settings
 from tests.helpers import all_deliveries, running_scheduler
 from tests.test_archive import archive_all
 from timewheel import ids, pg
-from timewheel.archiver import event_rows
 from timewheel.config import Settings
 from timewheel.engine import Engine, NewTask
 from timewheel.errors import RestoreRefused, TaskNotFound
+from timewheel.event_rows import event_rows
 from timewheel.models import Task
 from timewheel.redis_server import RedisServer
 from timewheel.restore import RestoredRun, restore
