@@ -388,3 +388,36 @@ async def test_archiver_rides_through_restarts_of_redis_and_postgres(
         await archiver.conn.close()
         await engine.close()
         server.stop()
+
+
+async def test_archiver_takes_a_snapshot_at_once_when_none_is_recent(
+    engine_pg: tuple[Engine, str],
+) -> None:
+    engine, dsn = engine_pg
+    await engine.create_many([NewTask(tenant="t0", delay_ms=60_000) for _ in range(3)])
+
+    async def snapshots_after_run() -> int:
+        stop = asyncio.Event()
+        async with pg.connection(dsn) as conn:
+            archiver = Archiver(engine, conn)
+            await archiver.start()
+            running = asyncio.create_task(
+                archiver.run(stop, poll_interval_s=0.01, snapshot_every_s=3600, dsn=dsn)
+            )
+            try:
+                deadline = time.monotonic() + 3  # bounded look: at once, or not at all
+                while time.monotonic() < deadline and not await count():
+                    await asyncio.sleep(0.05)
+            finally:
+                stop.set()
+                await asyncio.wait_for(running, 10)
+        return await count()
+
+    async def count() -> int:
+        async with await psycopg.AsyncConnection.connect(dsn) as watch:
+            cur = await watch.execute("SELECT count(*) FROM snapshots")
+            row = await cur.fetchone()
+            return int(str(row[0])) if row else -1
+
+    assert await snapshots_after_run() == 1  # none yet: one at start
+    assert await snapshots_after_run() == 1  # a fresh one exists: the next waits an hour

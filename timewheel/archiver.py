@@ -279,12 +279,25 @@ class Archiver:
                     await snapshots
 
     async def _snapshots(self, stop: asyncio.Event, every_s: float, dsn: str) -> None:
-        """Take a snapshot every `every_s` seconds on a connection of its own."""
+        """Take a snapshot every `every_s` seconds on a connection of its own; the first
+        one as soon as the newest complete snapshot is `every_s` old (at once if none)."""
+        wait_s = every_s
+        try:
+            async with pg.connection(dsn) as conn:
+                cur = await conn.execute(
+                    "SELECT extract(epoch FROM now() - max(finished_at)) FROM snapshots"
+                )
+                row = await cur.fetchone()
+            age_s = None if row is None or row[0] is None else float(str(row[0]))
+            wait_s = 0 if age_s is None else max(0.0, every_s - age_s)
+        except (PostgresUnavailable, ConfigError) as exc:
+            log.error("snapshot_age_unknown", error=str(exc))
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), every_s)
+                await asyncio.wait_for(stop.wait(), wait_s)
             if stop.is_set():
                 return
+            wait_s = every_s
             try:
                 async with pg.connection(dsn) as conn:
                     await take_snapshot(self.engine, conn)

@@ -174,7 +174,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--snapshot-every",
         type=float,
         metavar="MINUTES",
-        help="also take a snapshot every MINUTES minutes (default: never)",
+        help="also take a snapshot every MINUTES minutes, the first at start if the newest "
+        "is older than that (default: never)",
     )
     archiver.add_argument(
         "--poll-ms", type=int, default=100, help="sleep of an idle round (default 100)"
