@@ -63,15 +63,18 @@ class Settings:
     reap_interval_ms: int = 1_000
     """How often a scheduler node looks for expired executor leases in each shard."""
     postgres_dsn: str = ""
-    """PostgreSQL DSN of the archiver's database ('' = no archiver). When set, run history
-    falls back to PostgreSQL for events the capped event log no longer holds."""
+    """PostgreSQL DSN of the archive ('' = none). The archiver, snapshot and restore need
+    it; with it the API's run history falls back to PostgreSQL for events the event log no
+    longer holds. (Trimming does not read it: it follows the mark the archiver leaves in
+    each shard's meta hash.)"""
     archive_batch: int = 1000
     """Most event-log entries the archiver reads from one shard per PostgreSQL transaction."""
     archive_hard_cap: int = 1_000_000
-    """Safety valve, entries per shard: while an archiver is configured the event log is
-    trimmed only past its checkpoint, unless the log grows past this (an archiver that
-    stopped for good must not let Redis run out of memory; those events are then lost
-    to PostgreSQL, and the archiver logs the gap)."""
+    """Safety valve, entries per shard: once the archiver has marked a shard, its event log
+    is trimmed only past the archiver's checkpoint, unless the log grows past this (an
+    archiver that stopped for good must not let Redis run out of memory; those events are
+    then lost to PostgreSQL, and the archiver logs the gap). The archiver writes it into
+    each shard's meta hash with its mark."""
 
     def __post_init__(self) -> None:
         if self.shards < 1 or self.shards > MAX_SHARDS or self.shards & (self.shards - 1):
