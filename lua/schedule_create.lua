@@ -10,7 +10,8 @@
   materialize now, ascending, comma-separated   ARGV[15] the next fire time after them
   (-1 = none)   ARGV[16] bucket_ms   ARGV[17] misfire_ms   ARGV[18] now_ms override
   ARGV[19] event log cap   ARGV[20] wake channel ('' = none)   ARGV[21] shard number
-  Derived keys (same tag): sr:<sid>, plan, t:<xy>, near:<tenant>, due, w:<bucket>, wheel.
+  Derived keys (same tag): schedules, sr:<sid>, plan, t:<xy>, near:<tenant>, due,
+  w:<bucket>, wheel.
   Returns: {1, added, wake}   created; wake = 1 if the shard's next action moved earlier
            {0}                an idempotent duplicate of this tenant's: nothing changed
   Errors:  an error reply on an id collision with another tenant's schedule. ]]
@@ -40,6 +41,7 @@ rcall('HSET', skey, 'tenant', tenant, 'queue', s.queue, 'payload', s.payload, 'o
   'spec', s.spec, 'catchup', s.catchup, 'window_ms', s.window_ms, 'overlap', s.overlap,
   'max_runs', s.max_runs, 'cursor', s.cursor, 'planned', 0, 'created_ms', now,
   'updated_ms', now, 'version', 1)
+rcall('SADD', tag .. 'schedules', sid)
 local ctx = { tag = tag, now = now, bucket_ms = tonumber(ARGV[16]),
   misfire_ms = tonumber(ARGV[17]), events_key = events_key, event_cap = ARGV[19], wake = 0 }
 local fires, after = schedule_fires(ARGV[14]), tonumber(ARGV[15])

@@ -12,11 +12,12 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from tests.postgres import postgres_dsn, postgres_server
 from tests.servers import redis_cluster, redis_standalone
 from timewheel.config import Settings
 from timewheel.engine import Engine
 
-__all__ = ["redis_cluster", "redis_standalone"]
+__all__ = ["postgres_dsn", "postgres_server", "redis_cluster", "redis_standalone"]
 
 
 @pytest.fixture(params=["standalone", pytest.param("cluster", marks=pytest.mark.cluster)])

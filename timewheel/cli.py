@@ -1,5 +1,6 @@
-"""The `timewheel` command: dev, api, scheduler, worker, webhook, scripts check; and the
-API client commands task, dlq, tenant (timewheel/cli_client.py)."""
+"""The `timewheel` command: dev, api, scheduler, worker, webhook, archiver, snapshot, restore,
+scripts check; and the API client commands task, dlq, tenant, schedule
+(timewheel/cli_client.py)."""
 
 from __future__ import annotations
 
@@ -60,6 +61,15 @@ def _add_executor_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--queue", default="default")
     p.add_argument("--group", default="timewheel", help="consumer group (default timewheel)")
     p.add_argument("--concurrency", type=int, default=10)
+    _add_common(p)
+
+
+def _add_postgres(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--postgres-dsn",
+        help="PostgreSQL DSN, e.g. postgresql://user@host:5432/timewheel "
+        "(env TIMEWHEEL_POSTGRES_DSN)",
+    )
     _add_common(p)
 
 
@@ -165,6 +175,34 @@ def build_parser() -> argparse.ArgumentParser:
     hook.add_argument("--timeout-s", type=float, default=10.0)
     _add_executor_args(hook)
 
+    archiver = sub.add_parser(
+        "archiver", help="tail every shard's event log into PostgreSQL (and take snapshots)"
+    )
+    archiver.add_argument(
+        "--snapshot-every",
+        type=float,
+        metavar="MINUTES",
+        help="also take a snapshot every MINUTES minutes, the first at start if the newest "
+        "is older than that (default: never)",
+    )
+    archiver.add_argument(
+        "--poll-ms", type=int, default=100, help="sleep of an idle round (default 100)"
+    )
+    _add_postgres(archiver)
+
+    snapshot = sub.add_parser(
+        "snapshot", help="copy every pending task and schedule into PostgreSQL, once"
+    )
+    _add_postgres(snapshot)
+
+    restore = sub.add_parser(
+        "restore", help="rebuild an empty Redis from the newest snapshot and the events after it"
+    )
+    restore.add_argument(
+        "--force", action="store_true", help="restore into a Redis that already holds keys"
+    )
+    _add_postgres(restore)
+
     scripts = sub.add_parser("scripts", help="Lua script tools")
     scripts_sub = scripts.add_subparsers(dest="scripts_command", required=True)
     check = scripts_sub.add_parser(
@@ -246,6 +284,86 @@ async def _run(args: argparse.Namespace, *, api: bool, scheduler: bool) -> None:
         await engine.close()
 
 
+def _archive_settings(args: argparse.Namespace) -> Settings:
+    settings = Settings.from_env(
+        redis_url=getattr(args, "redis_url", None), postgres_dsn=args.postgres_dsn
+    )
+    if not settings.postgres_dsn:
+        raise ConfigError("no PostgreSQL DSN: pass --postgres-dsn or set TIMEWHEEL_POSTGRES_DSN")
+    return settings
+
+
+async def _run_archiver(args: argparse.Namespace) -> None:
+    from timewheel import pg
+    from timewheel.archiver import Archiver
+
+    if args.snapshot_every is not None and args.snapshot_every <= 0:
+        raise ConfigError("--snapshot-every must be a positive number of minutes")
+    if args.poll_ms < 1:
+        raise ConfigError("--poll-ms must be at least 1")
+    settings = _archive_settings(args)
+    conn = await pg.connect(settings.postgres_dsn)
+    archiver: Archiver | None = None
+    try:
+        engine = await Engine.connect(settings)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            archiver = Archiver(engine, conn)
+            await archiver.start()
+            every = None if args.snapshot_every is None else args.snapshot_every * 60
+            await archiver.run(
+                stop,
+                poll_interval_s=args.poll_ms / 1000,
+                snapshot_every_s=every,
+                dsn=settings.postgres_dsn,
+            )
+        finally:
+            await engine.close()
+    finally:
+        # The archiver replaces a connection that broke; close whichever it holds.
+        await (archiver.conn if archiver is not None else conn).close()
+
+
+async def _run_snapshot(args: argparse.Namespace) -> None:
+    from timewheel import pg
+    from timewheel.snapshot import take_snapshot
+
+    settings = _archive_settings(args)
+    async with pg.connection(settings.postgres_dsn) as conn:
+        await pg.migrate(conn)
+        engine = await Engine.connect(settings)
+        try:
+            result = await take_snapshot(engine, conn)
+        finally:
+            await engine.close()
+    print(
+        f"snapshot {result.snapshot_id}: {result.tasks} tasks, {result.schedules} schedules",
+        flush=True,
+    )
+
+
+async def _run_restore(args: argparse.Namespace) -> None:
+    from timewheel.restore import restore
+
+    result = await restore(_archive_settings(args), force=args.force)
+    print(
+        f"restored {result.restored} runs from snapshot {result.snapshot_id} "
+        f"({result.events_replayed} events replayed, {result.existing} already present, "
+        f"{result.skipped_no_payload} skipped for lack of a payload)",
+        flush=True,
+    )
+
+
+_ARCHIVE_COMMANDS = {
+    "archiver": _run_archiver,
+    "snapshot": _run_snapshot,
+    "restore": _run_restore,
+}
+
+
 async def _scripts_check(args: argparse.Namespace) -> None:
     expected = {code.value: code.name for code in ScriptCode}
     for name in OPERATIONS:
@@ -284,25 +402,33 @@ def _run_fast(main: Coroutine[Any, Any, None]) -> None:
         runner.run(main)
 
 
+def _dispatch(args: argparse.Namespace) -> int:
+    """Run the command `args` names; its exit status."""
+    if args.command == "dev":
+        _run_fast(_run_dev(args))
+    elif args.command == "api":
+        _run_fast(_run(args, api=True, scheduler=False))
+    elif args.command == "scheduler":
+        asyncio.run(_run(args, api=False, scheduler=True))
+    elif args.command in ("worker", "webhook"):
+        if args.command == "worker":
+            sys.path.insert(0, os.getcwd())  # --app modules are found from where you are
+        asyncio.run(_run_executor(args))
+    elif args.command in _ARCHIVE_COMMANDS:
+        asyncio.run(_ARCHIVE_COMMANDS[args.command](args))
+    elif args.command == "scripts":
+        asyncio.run(_scripts_check(args))
+    elif args.command in CLIENT_COMMANDS:
+        return run_client_command(args)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command not in CLIENT_COMMANDS:  # client commands print results, not logs
         configure(getattr(args, "log_level", "info"), json=getattr(args, "log_json", False))
     try:
-        if args.command == "dev":
-            _run_fast(_run_dev(args))
-        elif args.command == "api":
-            _run_fast(_run(args, api=True, scheduler=False))
-        elif args.command == "scheduler":
-            asyncio.run(_run(args, api=False, scheduler=True))
-        elif args.command in ("worker", "webhook"):
-            if args.command == "worker":
-                sys.path.insert(0, os.getcwd())  # --app modules are found from where you are
-            asyncio.run(_run_executor(args))
-        elif args.command == "scripts":
-            asyncio.run(_scripts_check(args))
-        elif args.command in CLIENT_COMMANDS:
-            return run_client_command(args)
+        return _dispatch(args)
     except (ConfigError, ValidationError) as exc:
         print(f"timewheel: {exc}", file=sys.stderr)
         return 2
@@ -311,7 +437,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
-    return 0
 
 
 if __name__ == "__main__":

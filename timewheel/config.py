@@ -33,7 +33,8 @@ class Settings:
     promote_batch: int = 2000
     """Most runs one promote call moves."""
     event_log_max: int = 10_000
-    """Approximate cap of each shard's event log stream."""
+    """Approximate cap of each shard's event log stream. Once an archiver has run, the log
+    is trimmed only past its checkpoint (see archive_hard_cap and lua/lib/events.lua)."""
     retention_ms: int = 86_400_000
     """How long finished task records stay readable (and dedupe idempotent creates)."""
     max_payload_bytes: int = 65_536
@@ -75,6 +76,19 @@ class Settings:
     admin_key: str = field(default="", repr=False)
     """The bootstrap admin API key (TIMEWHEEL_ADMIN_KEY); empty: no admin key. Only its
     SHA-256 is kept by the API process. Tenant keys are issued with it and live in Redis."""
+    postgres_dsn: str = ""
+    """PostgreSQL DSN of the archive ('' = none). The archiver, snapshot and restore need
+    it; with it the API's run history falls back to PostgreSQL for events the event log no
+    longer holds. (Trimming does not read it: it follows the mark the archiver leaves in
+    each shard's meta hash.)"""
+    archive_batch: int = 1000
+    """Most event-log entries the archiver reads from one shard per PostgreSQL transaction."""
+    archive_hard_cap: int = 1_000_000
+    """Safety valve, entries per shard: once the archiver has marked a shard, its event log
+    is trimmed only past the archiver's checkpoint, unless the log grows past this (an
+    archiver that stopped for good must not let Redis run out of memory; those events are
+    then lost to PostgreSQL, and the archiver logs the gap). The archiver writes it into
+    each shard's meta hash with its mark."""
 
     def __post_init__(self) -> None:
         if self.shards < 1 or self.shards > MAX_SHARDS or self.shards & (self.shards - 1):
@@ -95,6 +109,7 @@ class Settings:
             "plan_horizon_ms",
             "plan_batch",
             "plan_interval_ms",
+            "archive_batch",
         ):
             if getattr(self, name) < 1:
                 raise ConfigError(
@@ -108,6 +123,11 @@ class Settings:
         if self.retry_factor < 1:
             raise ConfigError(
                 f"Setting 'retry_factor' has value {self.retry_factor}. Must be >= 1."
+            )
+        if self.archive_hard_cap < self.event_log_max:
+            raise ConfigError(
+                f"Setting 'archive_hard_cap' has value {self.archive_hard_cap}. "
+                f"Must be >= event_log_max ({self.event_log_max})."
             )
         if self.tick_batch > 5000 or self.promote_batch > 5000:
             raise ConfigError("Settings 'tick_batch' and 'promote_batch' must be <= 5000.")

@@ -2,6 +2,7 @@
 
     TimewheelError
     ├── ConfigError               settings or environment unusable (missing binary, bad URL)
+    │   └── RestoreRefused        restore would write into a Redis that already holds data
     ├── PermanentError            raised by a handler: the run cannot succeed, dead-letter it
     ├── RedisUnavailable          Redis could not be reached or answered with a server error
     ├── Unauthorized              no API key, or one that is unknown or revoked (HTTP 401)
@@ -20,6 +21,7 @@
     │   ├── RateLimitedError      429 (`retry_after_s`)
     │   └── ServerError           5xx
     ├── TransportError            the SDK could not reach the server (after its retries)
+    ├── PostgresUnavailable       PostgreSQL could not be reached or a statement failed
     ├── ValidationError           a request field is malformed (HTTP 400/413/422)
     │   ├── PayloadTooLarge       payload over the configured limit (HTTP 413)
     │   └── InvalidSchedule       a cron expression, time zone or time window cannot work
@@ -41,6 +43,16 @@ class TimewheelError(Exception):
 
 class ConfigError(TimewheelError):
     """Raised when settings or the environment cannot work (bad URL, missing redis-server)."""
+
+
+class RestoreRefused(ConfigError):
+    """Raised when `timewheel restore` finds keys in the target Redis and --force is not set,
+    or finds no complete snapshot to restore from."""
+
+
+class PostgresUnavailable(TimewheelError):
+    """Raised when PostgreSQL (archiver, snapshot, restore, history fallback) cannot be
+    reached, refuses the login, or fails a statement."""
 
 
 class PermanentError(TimewheelError):

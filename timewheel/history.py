@@ -1,15 +1,25 @@
-"""A run's history, read from its shard's event log (capped; the archiver keeps it all)."""
+"""A run's history, read from its shard's event log (capped; the archiver keeps it all).
+
+When a PostgreSQL DSN is configured (the archiver runs) and the event log no longer holds
+the run's `created` event, the archived events are read from PostgreSQL and the newer
+ones still only in Redis are added after them. If PostgreSQL cannot be read, the answer
+is what Redis holds, and a warning is logged.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
+import psycopg
+import structlog
 from redis.exceptions import RedisError
 
-from timewheel import ids
+from timewheel import ids, pg
 from timewheel.engine import Engine
-from timewheel.errors import RedisUnavailable, TaskNotFound
+from timewheel.errors import ConfigError, PostgresUnavailable, RedisUnavailable, TaskNotFound
+
+log = structlog.get_logger("timewheel.history")
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,22 +35,52 @@ class RunEvent:
     node: str | None = None
 
 
+StreamId = tuple[int, int]
+
+
+def _stream_id(raw: bytes) -> StreamId:
+    ms, _, seq = raw.decode().partition("-")
+    return int(ms), int(seq or 0)
+
+
 async def run_history(engine: Engine, tenant: str, run_id: str) -> list[RunEvent]:
-    """Every event of `run_id` still in the event log, oldest first.
+    """Every event of `run_id` in the event log (or archived, see the module doc), oldest first.
 
     Raises:
         TaskNotFound: the id is not one of this deployment's.
+        RedisUnavailable: the event log cannot be read.
     """
     shard = ids.shard_of(run_id)
     if shard is None or shard >= engine.settings.shards:
         raise TaskNotFound(run_id)
+    found = await _from_redis(engine, tenant, run_id, shard)
+    if engine.settings.postgres_dsn and not any(kind == "created" for _, kind, _ in found):
+        try:
+            archived = await _from_postgres(engine.settings.postgres_dsn, tenant, run_id)
+        except (PostgresUnavailable, ConfigError) as exc:
+            # Degrade to what Redis still holds rather than fail the request (the API
+            # maps errors it does not know to 500).
+            log.warning("history_fallback_failed", run_id=run_id, error=str(exc))
+            archived = []
+        if archived:
+            newest = archived[-1][0]
+            found = archived + [item for item in found if item[0] > newest]
+    events = [event for _, _, event in found]
+    if not any(e.kind != "dispatched" for e in events):
+        return []  # only dispatches left in the log: the tenant cannot be told, show none
+    return events
+
+
+async def _from_redis(
+    engine: Engine, tenant: str, run_id: str, shard: int
+) -> list[tuple[StreamId, str, RunEvent]]:
     try:
         entries: Any = await engine.client.xrange(engine.keys.events(shard))
     except (RedisError, OSError) as exc:
         raise RedisUnavailable(f"cannot read the event log: {exc}") from exc
     needle = run_id.encode()
-    out: list[RunEvent] = []
-    for _, f in entries:
+    out: list[tuple[StreamId, str, RunEvent]] = []
+    for entry_id, f in entries:
         # A dispatched event lists runs of several tenants and names none; the run's
         # other events name its tenant, and a run id is one tenant's (checked below).
         if b"tenant" in f and f[b"tenant"] != tenant.encode():
@@ -57,19 +97,52 @@ async def run_history(engine: Engine, tenant: str, run_id: str) -> list[RunEvent
                 continue
         elif f.get(b"id") != needle:
             continue
-        out.append(
-            RunEvent(
-                kind=kind,
-                at_ms=int(f[b"at"]),
-                attempt=attempt,
-                reason=f[b"reason"].decode() if b"reason" in f else None,
-                error=f[b"error"].decode() if b"error" in f else None,
-                node=f[b"node"].decode() if f.get(b"node") else None,
-            )
+        event = RunEvent(
+            kind=kind,
+            at_ms=int(f[b"at"]),
+            attempt=attempt,
+            reason=f[b"reason"].decode() if b"reason" in f else None,
+            error=f[b"error"].decode() if b"error" in f else None,
+            node=f[b"node"].decode() if f.get(b"node") else None,
         )
-    if not any(e.kind != "dispatched" for e in out):
-        return []  # only dispatches left in the log: the tenant cannot be told, show none
+        out.append((_stream_id(entry_id), kind, event))
     return out
+
+
+async def _from_postgres(
+    dsn: str, tenant: str, run_id: str
+) -> list[tuple[StreamId, str, RunEvent]]:
+    """The archived events of a run; none if another tenant's events name it.
+
+    One connection per lookup: this is the rare path (history older than the capped log).
+    """
+    try:
+        async with pg.connection(dsn) as conn:
+            cur = await conn.execute(
+                "SELECT id_ms, id_seq, kind, at_ms, attempt, reason, error, node, tenant"
+                " FROM run_events WHERE run_id = %s ORDER BY id_ms, id_seq",
+                (run_id,),
+            )
+            rows = await cur.fetchall()
+    except psycopg.Error as exc:  # pragma: no cover - pg.connection maps these
+        raise PostgresUnavailable(f"cannot read archived history: {exc}") from exc
+    if any(r[8] is not None and r[8] != tenant for r in rows):
+        return []
+    return [
+        (
+            (int(str(r[0])), int(str(r[1]))),
+            str(r[2]),
+            RunEvent(
+                kind=str(r[2]),
+                at_ms=int(str(r[3])),
+                attempt=None if r[4] is None else int(str(r[4])),
+                reason=None if r[5] is None else str(r[5]),
+                error=None if r[6] is None else str(r[6]),
+                node=None if r[7] is None else str(r[7]),
+            ),
+        )
+        for r in rows
+    ]
 
 
 @dataclass(frozen=True, slots=True)

@@ -56,6 +56,10 @@ class Keys:
         """ZSET run_id -> fire ms: a schedule's materialized runs not yet dispatched."""
         return f"{self.tag(shard)}sr:{sid}"
 
+    def schedules(self, shard: int) -> str:
+        """SET of every schedule id of the shard (snapshots read it)."""
+        return self.tag(shard) + "schedules"
+
     def plan(self, shard: int) -> str:
         """ZSET sid -> next fire time not yet materialized: what the planner extends."""
         return self.tag(shard) + "plan"

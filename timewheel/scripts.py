@@ -49,6 +49,8 @@ OPERATIONS = (
     "schedule_delete",
     "schedule_add_runs",
     "materialize",
+    "schedule_restore",
+    "restore",
 )
 _INCLUDE = re.compile(r"^--!include (\S+)\s*$", re.MULTILINE)
 _CODE = re.compile(r"\{(-\d+)[^}]*\}\s+([A-Z_]+)")
@@ -142,6 +144,8 @@ class Scripts:
         self.schedule_delete = Script.load("schedule_delete")
         self.schedule_add_runs = Script.load("schedule_add_runs")
         self.materialize = Script.load("materialize")
+        self.schedule_restore = Script.load("schedule_restore")
+        self.restore = Script.load("restore")
 
     def all(self) -> list[Script]:
         return [getattr(self, name) for name in OPERATIONS]

@@ -10,6 +10,7 @@
 --                          stays until the planner trims fire times past misfire_ms + 1 h
 --                          (cheaper than a ZREM per dispatch; readers check the state)
 --   tag..'plan'      ZSET  sid -> next_ms: active schedules the planner must extend
+--   tag..'schedules' SET   every schedule id of the shard
 --
 -- A materialized run is an ordinary run (record, wheel entry) with id '<sid>@<fire ms>',
 -- the schedule id in R_SCHEDULE, and the schedule's policies copied into its opts:

@@ -1,0 +1,55 @@
+--[[ restore: write runs back into a shard rebuilt from PostgreSQL (timewheel restore).
+  KEYS[1] meta    HASH   tag..'meta' (the shard tag is KEYS[1] minus 'meta')
+  ARGV[1] bucket_ms   ARGV[2] n: runs in this call (<= 200, so ARGV stays near 2,200
+          values and one call blocks Redis well under a millisecond)
+  ARGV[3 ..] n groups of 11 values, one per run:
+          run_id, attempt, due_ms, tenant, queue, created_ms, payload (JSON text),
+          opts (JSON text, '' = none), updated_ms ('' = none), last_error ('' = none),
+          schedule_id ('' = none)
+  Derived keys (same tag): t:<xy>, near:<tenant>, due, w:<bucket>, wheel, sr:<schedule id>.
+  Returns: {written, existing}   existing = runs whose record was already there (left as
+           they are: only a forced restore into a non-empty Redis meets them)
+  Errors:  none expected; malformed input is an error reply.
+  Every run is written in state scheduled with its attempt kept and placed by wheel_place,
+  like create: a run that was dispatched and not acknowledged when Redis was lost is
+  dispatched again (attempt + 1) under the same run id, and executors deduplicate by it.
+  No event is emitted: PostgreSQL already holds the history of these runs. ]]
+local meta_key = KEYS[1]
+local bucket_ms, n = tonumber(ARGV[1]), tonumber(ARGV[2])
+local tag = string.sub(meta_key, 1, -5)
+local GROUP = 11
+
+--!include lib/record.lua
+--!include lib/wheel.lua
+
+local function opt(value)
+  if value == '' then
+    return nil
+  end
+  return value
+end
+
+if n > 200 or #ARGV ~= 2 + n * GROUP then
+  return redis.error_reply('ERR timewheel: restore takes n <= 200 groups of 11 values')
+end
+local written, existing = 0, 0
+for i = 0, n - 1 do
+  local a = 3 + i * GROUP
+  local run_id, tenant = ARGV[a], ARGV[a + 3]
+  local due_ms = tonumber(ARGV[a + 2])
+  local updated = opt(ARGV[a + 8])
+  local raw = record_pack({ ST_SCHEDULED, tonumber(ARGV[a + 1]), due_ms, tenant, ARGV[a + 4],
+    tonumber(ARGV[a + 5]), ARGV[a + 6], opt(ARGV[a + 7]), updated and tonumber(updated),
+    opt(ARGV[a + 9]), opt(ARGV[a + 10]), nil })
+  if redis.call('HSETNX', body_key(tag, run_id), run_id, raw) == 1 then
+    wheel_place(tag, meta_key, run_id, tenant, due_ms, bucket_ms)
+    if ARGV[a + 10] ~= '' then
+      -- A schedule's run: in its run index, so pause, update and delete find it.
+      redis.call('ZADD', tag .. 'sr:' .. ARGV[a + 10], due_ms, run_id)
+    end
+    written = written + 1
+  else
+    existing = existing + 1
+  end
+end
+return { written, existing }

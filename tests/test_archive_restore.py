@@ -1,0 +1,396 @@
+"""Snapshot and restore: Redis wiped (FLUSHALL) after a snapshot and more work comes back
+from PostgreSQL; the CLI refuses what it must with one line and the right exit code."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import ResponseError
+
+from tests.conftest import test_settings
+from tests.helpers import all_deliveries, running_scheduler
+from tests.test_archive import archive_all
+from timewheel import ids, pg
+from timewheel.config import Settings
+from timewheel.engine import Engine, NewTask
+from timewheel.errors import RestoreRefused, TaskNotFound
+from timewheel.event_rows import event_rows
+from timewheel.models import Task
+from timewheel.redis_server import RedisServer
+from timewheel.restore import RestoredRun, restore
+from timewheel.snapshot import take_snapshot
+
+CLI = [sys.executable, "-m", "timewheel.cli"]
+HOUR_MS = 3_600_000
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    """A redis-server of this test's own: it gets FLUSHALL."""
+    server = RedisServer(tmp_path / "redis", appendfsync="everysec")
+    with server:
+        yield server
+
+
+def cli_env(settings: Settings) -> dict[str, str]:
+    return {
+        **os.environ,
+        "TIMEWHEEL_PREFIX": settings.prefix,
+        "TIMEWHEEL_SHARDS": str(settings.shards),
+        "TIMEWHEEL_BUCKET_MS": str(settings.bucket_ms),
+    }
+
+
+def run_cli(args: Sequence[str], settings: Settings) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*CLI, *args],
+        env=cli_env(settings),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+async def wait_dispatched(engine: Engine, tenant: str, task_ids: Sequence[str]) -> None:
+    deadline = time.monotonic() + 20
+    while True:
+        states = [(await engine.get(tenant, t)).state for t in task_ids]
+        if all(s == "dispatched" for s in states):
+            return
+        assert time.monotonic() < deadline, states
+        await asyncio.sleep(0.05)
+
+
+async def pending(engine: Engine, tasks: dict[str, str]) -> dict[str, Task]:
+    """The tasks (id -> tenant) that are still scheduled."""
+    out: dict[str, Task] = {}
+    for task_id, tenant in tasks.items():
+        task = await engine.get(tenant, task_id)
+        if task.state == "scheduled":
+            out[task_id] = task
+    return out
+
+
+async def test_restore_brings_back_pending_tasks_after_flushall(
+    own_redis: RedisServer, postgres_dsn: str
+) -> None:
+    settings = test_settings(own_redis.url, postgres_dsn=postgres_dsn)
+    dsn_args = ["--postgres-dsn", postgres_dsn, "--redis-url", own_redis.url]
+    engine = await Engine.connect(settings)
+    tasks: dict[str, str] = {}
+    try:
+        # Before the snapshot: far tasks, a few updated, a few dispatched (not acked).
+        first = [
+            NewTask(tenant=f"t{i % 3}", payload_json=f'{{"n":{i}}}', delay_ms=HOUR_MS + i)
+            for i in range(150)
+        ]
+        made = await engine.create_many(first)
+        tasks.update((r.task_id, n.tenant) for r, n in zip(made, first, strict=True))
+        for r, n in list(zip(made, first, strict=True))[:10]:
+            await engine.update(n.tenant, r.task_id, payload_json='"changed before"')
+        early = await engine.create_many([NewTask(tenant="t0", delay_ms=0) for _ in range(5)])
+        async with running_scheduler(engine):
+            await wait_dispatched(engine, "t0", [r.task_id for r in early])
+        await archive_all(engine, postgres_dsn)
+        snap = run_cli(["snapshot", *dsn_args], settings)
+        assert snap.returncode == 0, snap.stderr
+        assert "snapshot 1: 155 tasks" in snap.stdout
+
+        # After it: more creates, cancels of old and new, updates, more dispatches.
+        second = [
+            NewTask(tenant=f"t{i % 3}", payload_json=f'{{"m":{i}}}', delay_ms=3 * HOUR_MS + i)
+            for i in range(80)
+        ]
+        made2 = await engine.create_many(second)
+        tasks.update((r.task_id, n.tenant) for r, n in zip(made2, second, strict=True))
+        for task_id in list(tasks)[100:130] + [r.task_id for r in made2[:10]]:
+            await engine.cancel(tasks[task_id], task_id)
+        for task_id in list(tasks)[140:150] + [r.task_id for r in made2[70:]]:
+            await engine.update(
+                tasks[task_id], task_id, payload_json='"changed after"', delay_ms=2 * HOUR_MS
+            )
+        late = await engine.create_many([NewTask(tenant="t1", delay_ms=0) for _ in range(5)])
+        async with running_scheduler(engine):
+            await wait_dispatched(engine, "t1", [r.task_id for r in late])
+        await archive_all(engine, postgres_dsn)
+        # The archiver caught up: everything below was created before its last event.
+        expected = await pending(engine, tasks)
+        assert len(expected) == 150 + 80 - 40
+        unacked = [r.task_id for r in early + late]
+        cancelled = list(tasks)[100:130]
+
+        await engine.client.flushall()
+        refused = run_cli(["restore", *dsn_args], settings)
+        assert refused.returncode == 0, refused.stderr  # empty after FLUSHALL: not refused
+        assert "restored 200 runs from snapshot 1" in refused.stdout, refused.stdout
+    finally:
+        await engine.close()
+
+    engine = await Engine.connect(settings)
+    try:
+        for task_id, want in expected.items():
+            got = await engine.get(want.tenant, task_id)
+            assert (got.state, got.payload_json, got.due_ms, got.queue, got.created_ms) == (
+                "scheduled",
+                want.payload_json,
+                want.due_ms,
+                want.queue,
+                want.created_ms,
+            ), task_id
+        for task_id in cancelled:  # cancelled after the snapshot: not brought back
+            with pytest.raises(TaskNotFound):
+                await engine.get(tasks[task_id], task_id)
+        # Dispatched and not acknowledged at the wipe: back, due, same run id, next attempt.
+        for task_id in unacked:
+            got = await engine.get("t0" if task_id in {r.task_id for r in early} else "t1", task_id)
+            assert (got.state, got.attempt) == ("scheduled", 1)
+        # A scheduler dispatches them all: the overdue ones now, the rest once due (a
+        # fake clock two days ahead stands for waiting).
+        async with running_scheduler(engine):
+            deadline = time.monotonic() + 20
+            while len(await all_deliveries(engine)) < len(unacked):
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.05)
+        later = int(time.time() * 1000) + 48 * HOUR_MS
+        for shard in range(settings.shards):
+            while (await engine.promote(shard, now_ms=later)).more:
+                pass
+            while (await engine.tick(shard, now_ms=later, limit=5000)).dispatched:
+                pass
+        delivered = {d.run_id: d for d in await all_deliveries(engine)}
+        assert set(delivered) == set(expected) | set(unacked)
+        for task_id, want in expected.items():
+            assert delivered[task_id].payload == json.loads(want.payload_json)
+            assert delivered[task_id].attempt == 1
+        assert all(delivered[t].attempt == 2 for t in unacked)
+    finally:
+        await engine.close()
+
+
+async def test_restore_refuses_a_non_empty_redis_unless_forced(
+    own_redis: RedisServer, postgres_dsn: str
+) -> None:
+    settings = test_settings(own_redis.url)
+    dsn_args = ["--postgres-dsn", postgres_dsn, "--redis-url", own_redis.url]
+    engine = await Engine.connect(settings)
+    try:
+        [made] = await engine.create_many([NewTask(tenant="a", delay_ms=HOUR_MS)])
+        await archive_all(engine, postgres_dsn)
+        assert run_cli(["snapshot", *dsn_args], settings).returncode == 0
+        refused = run_cli(["restore", *dsn_args], settings)
+        assert refused.returncode == 2
+        assert refused.stderr.startswith("timewheel: Redis at ") and "not empty" in refused.stderr
+        assert len(refused.stderr.strip().splitlines()) == 1
+        forced = run_cli(["restore", "--force", *dsn_args], settings)
+        assert forced.returncode == 0, forced.stderr
+        assert "restored 0 runs" in forced.stdout and "1 already present" in forced.stdout
+        assert (await engine.get("a", made.task_id)).state == "scheduled"
+    finally:
+        await engine.close()
+
+
+@pytest.mark.parametrize(
+    ("dsn", "code", "message"),
+    [
+        ("postgresql://nobody@127.0.0.1:1/none", 1, "cannot connect to PostgreSQL"),
+        ("this is not a dsn", 2, "DSN is malformed"),
+        ("", 2, "no PostgreSQL DSN"),
+    ],
+)
+@pytest.mark.parametrize("command", ["restore", "snapshot", "archiver"])
+def test_bad_dsn_is_one_line_and_an_exit_code(
+    standalone_url: str, command: str, dsn: str, code: int, message: str
+) -> None:
+    settings = test_settings(standalone_url)
+    done = run_cli([command, "--postgres-dsn", dsn, "--redis-url", standalone_url], settings)
+    assert done.returncode == code, done.stderr
+    assert message in done.stderr
+    assert "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_restore_without_a_snapshot_says_so(own_redis: RedisServer, postgres_dsn: str) -> None:
+    settings = test_settings(own_redis.url)
+    done = run_cli(
+        ["restore", "--postgres-dsn", postgres_dsn, "--redis-url", own_redis.url], settings
+    )
+    assert done.returncode == 2
+    assert "no timewheel tables" in done.stderr and "Traceback" not in done.stderr
+
+
+async def test_restore_script_writes_the_record_and_places_it_in_the_wheel(
+    standalone_engine: Engine,
+) -> None:
+    engine = standalone_engine
+    run_id = ids.make_task_id(3, ids.new_token())
+    run = RestoredRun(
+        state="dispatched",
+        attempt=2,
+        due_ms=5_000_000,
+        tenant="a",
+        queue="q",
+        created_ms=1_000,
+        payload='{"x":1}',
+        opts='{"retry":{"max_attempts":3}}',
+        updated_ms=2_000,
+        last_error="boom",
+    )
+    keys, bucket_ms = [engine.keys.meta(3)], engine.settings.bucket_ms
+    reply = await engine.call(engine.scripts.restore, keys, [bucket_ms, 1, *run.args(run_id)])
+    assert reply == [1, 0]
+    task = await engine.get("a", run_id)
+    assert (task.state, task.attempt, task.due_ms, task.queue, task.created_ms) == (
+        "scheduled",
+        2,
+        5_000_000,
+        "q",
+        1_000,
+    )
+    assert (task.updated_ms, task.payload_json, task.last_error, task.schedule_id) == (
+        2_000,
+        '{"x":1}',
+        "boom",
+        None,
+    )
+    assert task.options == {"retry": {"max_attempts": 3}}
+    bucket = engine.keys.bucket(3, 5_000_000 - 5_000_000 % bucket_ms)
+    assert await engine.client.hexists(bucket, run_id)  # far level: promoted_until is 0
+    # A run already there is left alone; malformed input is an error reply.
+    again = await engine.call(engine.scripts.restore, keys, [bucket_ms, 1, *run.args(run_id)])
+    assert again == [0, 1]
+    with pytest.raises(ResponseError, match="n <= 200 groups of 11"):
+        await engine.call(engine.scripts.restore, keys, [bucket_ms, 2, *run.args(run_id)])
+
+
+def test_archiver_stores_entries_it_does_not_know_instead_of_stopping() -> None:
+    rows = event_rows(2, b"1700000000000-4", {b"e": b"fired", b"schedule": b"s1"})
+    assert [r[:6] for r in rows] == [[2, 1700000000000, 4, "", "fired", 1700000000000]]
+    assert event_rows(2, b"5-0", {b"e": b"dispatched", b"runs": b""}) == []
+    [row] = event_rows(2, b"5-1", {b"e": b"dispatched", b"at": b"7", b"runs": b"s1@60000:3"})
+    assert (row[3], row[8]) == ("s1@60000", 3)
+
+
+async def test_restore_opens_each_event_log_past_the_archiver_checkpoint(
+    own_redis: RedisServer, postgres_dsn: str
+) -> None:
+    """A new server whose clock is behind the old one's must not write events the
+    archiver would skip (it reads after its checkpoint)."""
+    settings = test_settings(own_redis.url, postgres_dsn=postgres_dsn, shards=1)
+    engine = await Engine.connect(settings)
+    try:
+        await engine.create_many([NewTask(tenant="a", delay_ms=HOUR_MS)])
+        await archive_all(engine, postgres_dsn)
+        async with pg.connection(postgres_dsn) as conn:
+            await take_snapshot(engine, conn)
+            ahead_ms = int(time.time() * 1000) + HOUR_MS  # the old server's clock, say
+            await conn.execute(
+                "UPDATE archive_checkpoints SET last_ms = %s, last_seq = 5", (ahead_ms,)
+            )
+            await conn.commit()
+        await engine.client.flushall()
+        await restore(settings)
+        await engine.create_many([NewTask(tenant="a", delay_ms=HOUR_MS)])
+        entries: Any = await engine.client.xrange(engine.keys.events(0))
+        assert [e[1][b"e"] for e in entries] == [b"restored", b"created"]
+        assert entries[0][0] == f"{ahead_ms}-6".encode()
+        archiver = await archive_all(engine, postgres_dsn)
+        assert archiver.archived_total == 2  # both read, none skipped
+    finally:
+        await engine.close()
+
+
+async def test_forced_restore_on_standalone_and_cluster(engine: Engine, postgres_dsn: str) -> None:
+    """The session's servers hold other tests' keys: only --force may write there, and the
+    runs of this test's prefix, deleted, come back."""
+    made = await engine.create_many(
+        [NewTask(tenant=f"t{i % 4}", payload_json=str(i), delay_ms=HOUR_MS) for i in range(30)]
+    )
+    await archive_all(engine, postgres_dsn)
+    async with pg.connection(postgres_dsn) as conn:
+        await take_snapshot(engine, conn)
+    settings = test_settings(
+        engine.settings.redis_url, prefix=engine.settings.prefix, postgres_dsn=postgres_dsn
+    )
+    with pytest.raises(RestoreRefused, match="not empty"):
+        await restore(settings)
+    pattern = f"{{{engine.settings.prefix}:*"
+    client = engine.client
+    if isinstance(client, RedisCluster):
+        for node in client.get_primaries():
+            async for key in client.scan_iter(match=pattern, target_nodes=node):
+                await client.delete(key)
+    else:
+        async for key in client.scan_iter(match=pattern):
+            await client.delete(key)
+    with pytest.raises(TaskNotFound):
+        await engine.get("t0", made[0].task_id)
+    result = await restore(settings, force=True)
+    assert (result.restored, result.existing) == (30, 0)
+    for i, r in enumerate(made):
+        task = await engine.get(f"t{i % 4}", r.task_id)
+        assert (task.state, task.payload_json) == ("scheduled", str(i))
+
+
+async def test_schedules_come_back_and_resume_per_their_catchup_policy(
+    own_redis: RedisServer, postgres_dsn: str
+) -> None:
+    from timewheel.schedule import ScheduleSpec
+    from timewheel.schedules import NewSchedule, ScheduleChanges
+
+    settings = test_settings(own_redis.url, postgres_dsn=postgres_dsn, misfire_ms=1_000)
+    dsn_args = ["--postgres-dsn", postgres_dsn, "--redis-url", own_redis.url]
+    engine = await Engine.connect(settings)
+    try:
+        every = ScheduleSpec(every_s=1)
+        skip, _ = await engine.create_schedule(NewSchedule("a", every, catchup="skip"))
+        latest, _ = await engine.create_schedule(NewSchedule("a", every, catchup="latest"))
+        hourly, _ = await engine.create_schedule(NewSchedule("b", ScheduleSpec(cron="0 * * * *")))
+        async with running_scheduler(engine):
+            await asyncio.sleep(1.5)
+        await archive_all(engine, postgres_dsn)
+        assert run_cli(["snapshot", *dsn_args], settings).returncode == 0
+        # After the snapshot: one schedule made, one changed, one deleted (archived only).
+        after, _ = await engine.create_schedule(NewSchedule("b", ScheduleSpec(every_s=60)))
+        await engine.update_schedule("b", hourly.id, ScheduleChanges(payload_json='"v2"'))
+        gone, _ = await engine.create_schedule(NewSchedule("a", ScheduleSpec(every_s=60)))
+        await engine.delete_schedule("a", gone.id)
+        await archive_all(engine, postgres_dsn)
+        await engine.client.flushall()
+        wiped_ms = int(time.time() * 1000)
+        await asyncio.sleep(3.0)  # fire times go by while Redis is empty
+        done = run_cli(["restore", *dsn_args], settings)
+        assert done.returncode == 0, done.stderr
+    finally:
+        await engine.close()
+
+    engine = await Engine.connect(settings)
+    try:
+        assert (await engine.get_schedule("b", hourly.id)).payload_json == '"v2"'
+        assert (await engine.get_schedule("b", after.id)).state == "active"
+        with pytest.raises(TaskNotFound):
+            await engine.get_schedule("a", gone.id)
+        restarted_ms = int(time.time() * 1000)
+        async with running_scheduler(engine):
+            await asyncio.sleep(2.5)
+        sent: dict[str, list[int]] = {}
+        for d in await all_deliveries(engine):
+            sent.setdefault(d.schedule_id or "", []).append(d.due_ms)
+        missed = range(wiped_ms + 1000, restarted_ms - settings.misfire_ms - 100)
+        # skip: no fire time missed while Redis was gone runs; latest: exactly one does.
+        assert not [f for f in sent.get(skip.id, []) if f in missed]
+        assert len([f for f in sent.get(latest.id, []) if f in missed]) == 1
+        # Both go on firing after the restore.
+        assert max(sent[skip.id]) > restarted_ms and max(sent[latest.id]) > restarted_ms
+    finally:
+        await engine.close()

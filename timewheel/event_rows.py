@@ -1,0 +1,173 @@
+"""What an event-log entry becomes in PostgreSQL: run_events rows and task changes.
+
+Pure functions of an entry's fields (no I/O), used by the archiver (timewheel/archiver.py);
+restore replays the rows they produce (timewheel/restore.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+StreamId = tuple[int, int]
+"""A stream entry id '<ms>-<seq>' as two integers (sorts like the id)."""
+
+EVENT_COLUMNS = (
+    "shard",
+    "id_ms",
+    "id_seq",
+    "run_id",
+    "kind",
+    "at_ms",
+    "tenant",
+    "queue",
+    "attempt",
+    "due_ms",
+    "reason",
+    "error",
+    "node",
+    "epoch",
+    "payload",
+    "opts",
+)
+"""Columns of run_events, in the order event_rows builds each row."""
+
+# The state a run is in after each kind of event (the tasks table's view).
+STATE_AFTER = {
+    "created": "scheduled",
+    "updated": "scheduled",
+    "cancelled": "cancelled",
+    "dispatched": "dispatched",
+    "acked": "succeeded",
+    "retry_scheduled": "scheduled",
+    "dead": "dead",
+    "replayed": "scheduled",
+    "purged": "purged",
+    "skipped": "skipped",
+    "held": "scheduled",
+}
+
+
+def parse_id(raw: bytes | str) -> StreamId:
+    """'1700000000000-3' -> (1700000000000, 3)."""
+    text = raw.decode() if isinstance(raw, bytes) else raw
+    ms, _, seq = text.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def format_id(stream_id: StreamId) -> str:
+    return f"{stream_id[0]}-{stream_id[1]}"
+
+
+def _text(fields: dict[bytes, bytes], name: bytes) -> str | None:
+    value = fields.get(name)
+    return None if value is None or value == b"" else value.decode()
+
+
+def _int(fields: dict[bytes, bytes], name: bytes) -> int | None:
+    value = fields.get(name)
+    return None if value is None or value == b"" else int(value)
+
+
+def event_rows(shard: int, entry_id: bytes, fields: dict[bytes, bytes]) -> list[list[Any]]:
+    """The run_events rows of one event-log entry (payload and opts left None)."""
+    ms, seq = parse_id(entry_id)
+    # Tolerant of kinds added later (schedules): whatever names no run is stored with
+    # run_id '' rather than stopping the archiver on an entry it cannot read.
+    kind = _text(fields, b"e") or "unknown"
+    at_ms = _int(fields, b"at") or ms
+    common = [_text(fields, b"reason"), _text(fields, b"error")]
+    node, epoch = _text(fields, b"node"), _text(fields, b"epoch")
+    if kind == "dispatched":
+        rows = []
+        for item in fields.get(b"runs", b"").split(b","):
+            run_id, _, attempt = item.rpartition(b":")
+            if not run_id or not attempt.isdigit():
+                continue
+            rows.append(
+                [
+                    shard,
+                    ms,
+                    seq,
+                    run_id.decode(),
+                    kind,
+                    at_ms,
+                    None,
+                    None,
+                    int(attempt),
+                    None,
+                    *common,
+                    node,
+                    epoch,
+                    None,
+                    None,
+                ]
+            )
+        return rows
+    return [
+        [
+            shard,
+            ms,
+            seq,
+            _text(fields, b"id") or "",
+            kind,
+            at_ms,
+            _text(fields, b"tenant"),
+            _text(fields, b"queue"),
+            _int(fields, b"attempt"),
+            _int(fields, b"due_ms"),
+            *common,
+            node,
+            epoch,
+            None,
+            None,
+        ]
+    ]
+
+
+@dataclass(slots=True)
+class TaskChange:
+    """What a batch of events says about one run, folded in order (None = unchanged)."""
+
+    shard: int
+    state: str = "scheduled"
+    values: dict[str, Any] = field(default_factory=dict)
+
+    def apply(self, row: Sequence[Any]) -> None:
+        ev = dict(zip(EVENT_COLUMNS, row, strict=True))
+        kind = ev["kind"]
+        self.state = STATE_AFTER.get(kind, self.state)
+        v = self.values
+        for name in ("tenant", "queue", "payload", "opts"):
+            if ev[name] is not None:
+                v[name] = ev[name]
+        if kind == "created":
+            v.update(attempt=0, due_ms=ev["due_ms"], created_ms=ev["at_ms"])
+        elif kind == "replayed":
+            v.update(attempt=0, due_ms=ev["at_ms"], updated_ms=ev["at_ms"])
+        else:
+            v["updated_ms"] = ev["at_ms"]
+            if ev["attempt"] is not None:
+                v["attempt"] = ev["attempt"]
+            if ev["due_ms"] is not None:
+                v["due_ms"] = ev["due_ms"]
+            if ev["error"] is not None:
+                v["last_error"] = ev["error"]
+
+    def params(self, run_id: str) -> tuple[Any, ...]:
+        v = self.values
+        return (
+            run_id,
+            self.shard,
+            v.get("tenant"),
+            v.get("queue"),
+            self.state,
+            v.get("attempt"),
+            v.get("due_ms"),
+            v.get("created_ms"),
+            v.get("updated_ms"),
+            v.get("payload"),
+            v.get("opts"),
+            v.get("last_error"),
+        )
