@@ -62,6 +62,11 @@ class Settings:
     """Shortest visibility timeout a task may ask for; the reaper ignores younger entries."""
     reap_interval_ms: int = 1_000
     """How often a scheduler node looks for expired executor leases in each shard."""
+    min_replicas_ack: int = -1
+    """Replicas that must confirm a create, cancel or reschedule (WAIT) before it is
+    answered; -1: 1 when the primaries have replicas, else 0."""
+    replica_wait_ms: int = 1_000
+    """How long a write waits for those replicas before it answers 503."""
     misfire_ms: int = 10_000
     """A schedule's run found later than this (its scheduler was down) is a misfire and
     follows the schedule's catchup policy; a one-shot task is always sent, however late."""

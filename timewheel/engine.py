@@ -76,6 +76,8 @@ class Engine(OutcomeOps, ScheduleOps):
         self.keys = Keys(settings.prefix)
         self.scripts = scripts or Scripts()
         self.is_cluster = isinstance(client, RedisCluster)
+        self.replicas_ack = max(settings.min_replicas_ack, 0)
+        """Replicas a create, cancel or reschedule waits for (WAIT) before it answers."""
 
     @classmethod
     async def connect(cls, settings: Settings) -> Engine:
@@ -83,6 +85,8 @@ class Engine(OutcomeOps, ScheduleOps):
         engine = cls(await connect(settings.redis_url), settings)
         try:
             await engine.ensure_layout()
+            if settings.min_replicas_ack < 0:
+                engine.replicas_ack = min(1, await engine.fewest_replicas())
         except BaseException:
             await engine.close()
             raise
@@ -150,6 +154,35 @@ class Engine(OutcomeOps, ScheduleOps):
                     f"Redis at {where} would lose acknowledged tasks: {'; '.join(problems)}. "
                     "Use deploy/redis.conf, or pass --unsafe-durability to run anyway."
                 )
+
+    async def fewest_replicas(self) -> int:
+        """The fewest connected replicas of any primary (INFO replication)."""
+        client = self.client
+        nodes: list[Any] = client.get_primaries() if isinstance(client, RedisCluster) else [None]
+        counts = []
+        try:
+            for node in nodes:
+                if node is None:
+                    info = await client.info("replication")
+                else:
+                    info = await client.info("replication", target_nodes=node)
+                counts.append(int(info.get("connected_slaves", 0)))
+        except (RedisError, OSError) as exc:
+            raise RedisUnavailable(f"cannot read INFO replication: {exc}") from exc
+        return min(counts, default=0)
+
+    async def write(self, script: Script, keys: Sequence[str], args: Sequence[ScriptArg]) -> Any:
+        """A client's change (create, cancel, reschedule): one script call, answered only
+        once `replicas_ack` replicas have it (DESIGN.md section 9)."""
+        if not self.replicas_ack:
+            return await self.call(script, keys, args)
+        [reply] = await run_pipeline(
+            self.client, [(script, list(keys), list(args))], replicas=self._replicas()
+        )
+        return reply
+
+    def _replicas(self) -> tuple[int, int] | None:
+        return (self.replicas_ack, self.settings.replica_wait_ms) if self.replicas_ack else None
 
     async def ping(self) -> bool:
         try:
@@ -239,7 +272,7 @@ class Engine(OutcomeOps, ScheduleOps):
         script, keys, args, task_id, _ = self._prepare(new)
         if now_ms is not None:
             args[9] = now_ms
-        return self._created(task_id, await self.call(script, keys, args))
+        return self._created(task_id, await self.write(script, keys, args))
 
     async def create_many(self, batch: Sequence[NewTask]) -> list[CreateResult]:
         """Create many tasks in one pipeline (on Cluster, one per node, sent concurrently)."""
@@ -248,7 +281,9 @@ class Engine(OutcomeOps, ScheduleOps):
     async def _create_pipelined(
         self, prepared: list[tuple[Script, list[str], list[ScriptArg], str, int]]
     ) -> list[CreateResult]:
-        replies = await self._pipeline([(p[0], p[1], p[2]) for p in prepared])
+        replies = await run_pipeline(
+            self.client, [(p[0], p[1], p[2]) for p in prepared], replicas=self._replicas()
+        )
         return [self._created(p[3], reply) for p, reply in zip(prepared, replies, strict=True)]
 
     async def _pipeline(self, calls: list[ScriptCall]) -> list[Any]:
@@ -274,7 +309,7 @@ class Engine(OutcomeOps, ScheduleOps):
         """Cancel a scheduled task. Raises TaskNotFound, or InvalidState once dispatched."""
         shard = self._locate(task_id)
         k = self.keys
-        reply = await self.call(
+        reply = await self.write(
             self.scripts.cancel,
             [k.meta(shard), k.body(shard, task_id), k.events(shard)],
             [task_id, tenant, self.settings.bucket_ms, _arg(now_ms), self.settings.event_log_max],
@@ -303,7 +338,7 @@ class Engine(OutcomeOps, ScheduleOps):
             self.check_payload(payload_json)
         shard = self._locate(task_id)
         k, s = self.keys, self.settings
-        reply = await self.call(
+        reply = await self.write(
             self.scripts.update,
             [k.meta(shard), k.body(shard, task_id), k.events(shard)],
             [

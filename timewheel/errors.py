@@ -63,6 +63,11 @@ class RedisUnavailable(TimewheelError):
     """Raised when Redis cannot be reached, times out, or is in a state we cannot use."""
 
 
+class ReplicasBehind(RedisUnavailable):
+    """Raised when a write reached the primary but fewer replicas than min_replicas_ack
+    confirmed it within replica_wait_ms (HTTP 503: retry with the same idempotency key)."""
+
+
 class ValidationError(TimewheelError):
     """Raised when a request field is malformed; `field` names it, `code` is stable."""
 

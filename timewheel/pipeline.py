@@ -15,7 +15,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 
-from timewheel.errors import RedisUnavailable
+from timewheel.errors import RedisUnavailable, ReplicasBehind
 from timewheel.redis_client import SOCKET_TIMEOUT_S, RedisClient
 from timewheel.scripts import Script, ScriptArg
 
@@ -23,26 +23,26 @@ ScriptCall: TypeAlias = tuple[Script, list[str], list[ScriptArg]]
 """One script call: the script, its KEYS, its ARGV."""
 
 
-async def run_pipeline(client: RedisClient, calls: list[ScriptCall]) -> list[Any]:
+async def run_pipeline(
+    client: RedisClient, calls: list[ScriptCall], *, replicas: tuple[int, int] | None = None
+) -> list[Any]:
     """Run script calls in one pipeline; a NOSCRIPT (after a restart) loads and resends.
 
     Pipelines are not transactions: a call that failed with NOSCRIPT did not run, so
     resending it alone is safe; every other call ran exactly once.
+
+    replicas: (n, timeout_ms): after the calls, WAIT on each connection that carried
+    them (WAIT counts the writes of its own connection) until n replicas have them.
+
+    Raises:
+        RedisUnavailable: Redis failed; ReplicasBehind: the writes ran, but fewer than n
+            replicas confirmed them in time.
     """
     replies: list[Any] = [None] * len(calls)
     todo = list(range(len(calls)))
     for attempt in range(2):
-        commands = [
-            ("EVALSHA", calls[i][0].sha, len(calls[i][1]), *calls[i][1], *calls[i][2]) for i in todo
-        ]
         try:
-            if isinstance(client, RedisCluster):
-                pipe = client.pipeline(transaction=False)
-                for command in commands:
-                    pipe.execute_command(*command)
-                results = await pipe.execute(raise_on_error=False)
-            else:
-                results = await _send_packed(client, commands)
+            results, acks = await _send([calls[i] for i in todo], client, replicas)
         except (RedisError, OSError) as exc:
             raise RedisUnavailable(f"pipeline failed: {exc}") from exc
         missing: list[int] = []
@@ -53,12 +53,52 @@ async def run_pipeline(client: RedisClient, calls: list[ScriptCall]) -> list[Any
                 raise RedisUnavailable(f"{calls[i][0].name} failed: {result}") from result
             else:
                 replies[i] = result
+        if replicas is not None and len(missing) < len(todo):
+            _check_acks(acks, replicas)  # something was written: it must be replicated
         if not missing:
             break
         for script in {calls[i][0].sha: calls[i][0] for i in missing}.values():
             await script.load_everywhere(client)
         todo = missing
     return replies
+
+
+async def _send(
+    calls: list[ScriptCall], client: RedisClient, replicas: tuple[int, int] | None
+) -> tuple[list[Any], list[Any]]:
+    """One pipeline of `calls` (then a WAIT per connection used, when `replicas` is given):
+    (the calls' replies, the WAIT replies)."""
+    commands = [("EVALSHA", c[0].sha, len(c[1]), *c[1], *c[2]) for c in calls]
+    if not isinstance(client, RedisCluster):
+        wait = [("WAIT", *replicas)] if replicas is not None else []
+        results = await _send_packed(client, commands + wait)
+        return results[: len(commands)], results[len(commands) :]
+    pipe = client.pipeline(transaction=False)
+    for command in commands:
+        pipe.execute_command(*command)
+    nodes = {}
+    if replicas is not None:
+        # Per node, the cluster pipeline sends that node's commands in order on one
+        # connection: a WAIT routed there follows its writes.
+        for call in calls:
+            node = client.get_node_from_key(call[1][0])
+            if node is None:
+                raise RedisUnavailable(f"no node serves {call[1][0]!r}")
+            nodes[node.name] = node
+        for node in nodes.values():
+            pipe.execute_command("WAIT", *replicas, target_nodes=node)
+    results = await pipe.execute(raise_on_error=False)
+    return results[: len(commands)], results[len(commands) :]
+
+
+def _check_acks(acks: list[Any], replicas: tuple[int, int]) -> None:
+    for ack in acks:
+        if isinstance(ack, Exception) or int(ack) < replicas[0]:
+            raise ReplicasBehind(
+                f"the write reached {ack} of the {replicas[0]} replica(s) it needs within "
+                f"{replicas[1]} ms; it may still be lost in a failover: retry it with the "
+                "same idempotency key"
+            )
 
 
 async def _send_packed(client: aioredis.Redis, commands: list[tuple[Any, ...]]) -> list[Any]:

@@ -343,6 +343,7 @@ class RedisClusterServers:
         primaries: int = 3,
         replicas_per_primary: int = 0,
         appendfsync: str = "always",
+        extra_config: Mapping[str, str] | None = None,
     ) -> None:
         """Describe the cluster; nothing runs until `start()`.
 
@@ -351,6 +352,8 @@ class RedisClusterServers:
             primaries: Number of primaries (redis-cli needs at least 3).
             replicas_per_primary: Replicas per primary.
             appendfsync: Passed to every node.
+            extra_config: More redis.conf settings for every node (e.g. a shorter
+                cluster-node-timeout for failover tests).
         """
         if primaries < 3:
             raise ConfigError(f"primaries={primaries}: Redis Cluster needs at least 3")
@@ -359,7 +362,7 @@ class RedisClusterServers:
         self.replicas_per_primary = replicas_per_primary
         nodes = primaries * (1 + replicas_per_primary)
         # Replicas sync at once instead of after the default 5 s wait for more replicas.
-        fast_sync = {"repl-diskless-sync-delay": "0"}
+        fast_sync = {"repl-diskless-sync-delay": "0", **(extra_config or {})}
         self.servers: list[RedisServer] = [
             RedisServer(
                 data_dir / f"node-{i}",

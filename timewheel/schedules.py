@@ -202,6 +202,10 @@ class ScheduleOps:
             self, script: Script, keys: Sequence[str], args: Sequence[ScriptArg]
         ) -> Any: ...
 
+        async def write(
+            self, script: Script, keys: Sequence[str], args: Sequence[ScriptArg]
+        ) -> Any: ...
+
         def check_payload(self, payload_json: str) -> None: ...
 
     def _schedule_keys(self, sid: str) -> tuple[int, list[str]]:
@@ -237,7 +241,7 @@ class ScheduleOps:
         if spec.every_s is not None and spec.anchor_ms is None and spec.start_at_ms is None:
             spec = dataclasses.replace(spec, anchor_ms=now)
         cursor, fires, after = self._first_plan(spec, now)
-        reply = await self.call(
+        reply = await self.write(
             self.scripts.schedule_create,
             keys,
             [
@@ -348,7 +352,7 @@ class ScheduleOps:
         cursor, fires, after = self._first_plan(spec, now)
         shard, keys = self._schedule_keys(sid)
         s = self.settings
-        reply = await self.call(
+        reply = await self.write(
             self.scripts.schedule_update,
             keys,
             [
@@ -373,7 +377,7 @@ class ScheduleOps:
         """Stop materializing; drop the runs not yet sent (runs in flight finish)."""
         _, keys = self._schedule_keys(sid)
         s = self.settings
-        reply = await self.call(
+        reply = await self.write(
             self.scripts.schedule_pause,
             keys,
             [sid, tenant, s.bucket_ms, "" if now_ms is None else now_ms, s.event_log_max],
@@ -386,7 +390,7 @@ class ScheduleOps:
     ) -> Schedule:
         """Active again; the fire times of the paused span follow the catchup policy."""
         _, keys = self._schedule_keys(sid)
-        reply = await self.call(
+        reply = await self.write(
             self.scripts.schedule_resume,
             keys[1:],
             [sid, tenant, "" if now_ms is None else now_ms, self.settings.event_log_max],
@@ -398,7 +402,7 @@ class ScheduleOps:
         """Delete a schedule and its runs not yet sent; returns how many runs were dropped."""
         _, keys = self._schedule_keys(sid)
         s = self.settings
-        reply = await self.call(
+        reply = await self.write(
             self.scripts.schedule_delete,
             keys,
             [sid, tenant, s.bucket_ms, "" if now_ms is None else now_ms, s.event_log_max],
@@ -436,7 +440,7 @@ class ScheduleOps:
     ) -> list[Any]:
         shard, keys = self._schedule_keys(sid)
         s = self.settings
-        reply: list[Any] = await self.call(
+        reply: list[Any] = await self.write(
             self.scripts.schedule_add_runs,
             keys,
             [
