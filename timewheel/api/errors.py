@@ -14,6 +14,7 @@ from timewheel.errors import (
     NotFound,
     OverLimit,
     PayloadTooLarge,
+    PostgresUnavailable,
     RedisUnavailable,
     TaskNotFound,
     TimewheelError,
@@ -33,6 +34,7 @@ STATUS: tuple[tuple[type[TimewheelError], int], ...] = (
     (Conflict, 409),
     (OverLimit, 429),
     (RedisUnavailable, 503),
+    (PostgresUnavailable, 503),
 )
 """Exception class -> HTTP status; ValidationError is 400 (malformed_json) or 422."""
 
@@ -63,7 +65,8 @@ def status_of(exc: TimewheelError) -> int:
 
 def error_body(exc: TimewheelError) -> dict[str, str | None]:
     """The {"code", "message", "field"} of an error of ours."""
-    code = "unavailable" if isinstance(exc, RedisUnavailable) else getattr(exc, "code", "error")
+    unavailable = isinstance(exc, RedisUnavailable | PostgresUnavailable)
+    code = "unavailable" if unavailable else getattr(exc, "code", "error")
     return {"code": code, "message": str(exc), "field": getattr(exc, "field", None)}
 
 
