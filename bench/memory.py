@@ -46,7 +46,7 @@ import msgpack
 import redis.asyncio as aioredis
 from rawpipe import RawPipe, resp
 
-from timewheel import ids, record
+from timewheel import ids
 from timewheel.config import Settings
 from timewheel.engine import Engine, NewTask
 from timewheel.redis_server import RedisServer
@@ -185,9 +185,9 @@ async def run_pipelined(
 
 
 def packed_record(due_ms: int, tenant: str, created_ms: int, payload: str) -> bytes:
-    """The record as lua/lib/record.lua packs it (11 msgpack values back to back)."""
+    """The record as lua/lib/record.lua packs it (msgpack values back to back, the
+    trailing nils of a fresh task left out)."""
     values: list[Any] = [0, 0, due_ms, tenant, QUEUE, created_ms, payload]
-    values += [None] * (len(record.FIELDS) - len(values))
     return b"".join(msgpack.packb(v) for v in values)
 
 

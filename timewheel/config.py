@@ -73,7 +73,7 @@ class Settings:
     plan_horizon_ms: int = 30_000
     """How far ahead every active schedule is kept materialized as concrete runs; the
     planner extends a schedule once its next unplanned fire time is within 3/4 of this."""
-    plan_batch: int = 200
+    plan_batch: int = 50
     """Most schedules a scheduler node extends between two ticks (keeps planning from
     holding Redis long enough to delay dispatch)."""
     plan_interval_ms: int = 1_000

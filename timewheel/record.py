@@ -1,4 +1,5 @@
-"""The task record as Lua stores it: msgpack values packed back to back.
+"""The task record as Lua stores it: msgpack values packed back to back, trailing nils
+left out.
 
 The field order is shared with lua/lib/record.lua; tests/test_scripts.py checks
 that both sides agree.
@@ -28,7 +29,6 @@ FIELDS = (
     "schedule_id",
     "dead_entry",
 )
-_HEADER = bytes([0x90 | len(FIELDS)])  # a msgpack fixarray of len(FIELDS) elements
 
 
 class TaskState(IntEnum):
@@ -48,8 +48,12 @@ class TaskState(IntEnum):
 
 
 def decode_fields(raw: bytes) -> list[Any]:
-    """The record's values in FIELDS order."""
-    values: list[Any] = msgpack.unpackb(_HEADER + raw, raw=False)
+    """The record's values in FIELDS order (trailing values Lua left out are None)."""
+    unpacker = msgpack.Unpacker(raw=False)
+    unpacker.feed(raw)
+    values: list[Any] = list(unpacker)
+    if len(values) < len(FIELDS):
+        values.extend([None] * (len(FIELDS) - len(values)))
     return values
 
 
