@@ -21,6 +21,7 @@ local tag = string.sub(meta_key, 1, -5)
 
 --!include lib/record.lua
 --!include lib/clock.lua
+--!include lib/wheel.lua
 --!include lib/lease.lua
 
 if not lease_holds(tag, node, epoch) then
@@ -31,6 +32,7 @@ local now = math.max(clock_now_ms(now_override),
   tonumber(rcall('HGET', meta_key, 'hwm')) or 0)
 local reach = now + horizon_ms
 local moved, more = 0, 0
+local shard_hex = wheel_run_id(tag, '')  -- bucket members lack it (lib/wheel.lua)
 
 while true do
   local b = rcall('ZRANGE', wheel_key, '-inf', reach, 'BYSCORE', 'LIMIT', 0, 1)[1]
@@ -51,8 +53,8 @@ while true do
   local fields = scan[2]
   local ids = {}
   for i = 1, #fields, 2 do
-    local run_id = fields[i]
-    ids[#ids + 1] = run_id
+    local run_id = shard_hex .. fields[i]
+    ids[#ids + 1] = fields[i]
     local r = record_load(body_key(tag, run_id), run_id)
     if r and r[R_STATE] == ST_SCHEDULED then
       rcall('ZADD', tag .. 'near:' .. r[R_TENANT], r[R_DUE], run_id)

@@ -265,7 +265,7 @@ async def test_restore_script_writes_the_record_and_places_it_in_the_wheel(
     )
     assert task.options == {"retry": {"max_attempts": 3}}
     bucket = engine.keys.bucket(3, 5_000_000 - 5_000_000 % bucket_ms)
-    assert await engine.client.hexists(bucket, run_id)  # far level: promoted_until is 0
+    assert await engine.client.hexists(bucket, engine.keys.bucket_member(run_id))  # far level
     # A run already there is left alone; malformed input is an error reply.
     again = await engine.call(engine.scripts.restore, keys, [bucket_ms, 1, *run.args(run_id)])
     assert again == [0, 1]

@@ -189,7 +189,7 @@ async def test_far_future_runs_wait_in_buckets_until_promoted(engine: Engine) ->
     far_due = NOW + 20_000
     res = await engine.create(NewTask(tenant="acme", run_at_ms=far_due), now_ms=NOW)
     bucket = far_due - far_due % engine.settings.bucket_ms
-    assert await engine.client.hexists(k.bucket(shard, bucket), res.task_id)
+    assert await engine.client.hexists(k.bucket(shard, bucket), k.bucket_member(res.task_id))
     assert await engine.client.zscore(k.near(shard, "acme"), res.task_id) is None
     # Before its bucket is within the horizon nothing moves; then it is promoted and due.
     assert (await engine.promote(shard, now_ms=far_due - 5_000)).moved == 0

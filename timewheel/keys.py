@@ -37,8 +37,14 @@ class Keys:
         return self.tag(shard) + "wheel"
 
     def bucket(self, shard: int, bucket_start_ms: int) -> str:
-        """HASH run_id -> '' of one far-level time bucket."""
+        """HASH member -> '' of one far-level time bucket (see bucket_member)."""
         return f"{self.tag(shard)}w:{bucket_start_ms}"
+
+    @staticmethod
+    def bucket_member(run_id: str) -> str:
+        """A run's field in a far bucket: its id without the 3 shard characters, which
+        the key's tag implies (lua/lib/wheel.lua)."""
+        return run_id[3:]
 
     def expiry(self, shard: int) -> str:
         """ZSET of finish-bucket starts of records kept for the retention window."""

@@ -2,10 +2,21 @@
 --   near level:  tag..'near:'..tenant  ZSET run_id -> due_ms, for runs due before the
 --                shard's promoted_until; tag..'due' ZSET tenant -> earliest near due_ms
 --                (may be stale-early after a cancel; the tick repairs it).
---   far level:   tag..'w:'..bucket_start HASH run_id -> '' (listpack-sized), indexed by
+--   far level:   tag..'w:'..bucket_start HASH member -> '' (listpack-sized), indexed by
 --                tag..'wheel' ZSET bucket_start -> bucket_start. Bodies stay in the body
 --                hash; the promoter reads due_ms and tenant from there.
 -- Invariant: no far-level entry has due_ms < meta.promoted_until.
+
+-- A far bucket's member is the run id without its 3 shard characters: the key's tag
+-- implies them (3 bytes of every far-level run).
+local function wheel_member(run_id)
+  return string.sub(run_id, 4)
+end
+
+-- The run id of a far bucket member of shard `tag` ('{<prefix>:<n>}:').
+local function wheel_run_id(tag, member)
+  return string.format('%03x', tonumber(string.match(tag, ':(%d+)}:$'))) .. member
+end
 
 local function wheel_promoted_until(meta)
   return tonumber(redis.call('HGET', meta, 'promoted_until')) or 0
@@ -31,7 +42,7 @@ local function wheel_place(tag, meta, run_id, tenant, due_ms, bucket_ms)
   end
   local bucket = due_ms - (due_ms % bucket_ms)
   local wheel = tag .. 'wheel'
-  redis.call('HSET', tag .. 'w:' .. bucket, run_id, '')
+  redis.call('HSET', tag .. 'w:' .. bucket, wheel_member(run_id), '')
   if redis.call('ZADD', wheel, bucket, bucket) == 0 then
     return 0  -- the bucket was there already, so it is not a new earliest
   end
@@ -48,7 +59,7 @@ local function wheel_remove(tag, run_id, tenant, due_ms, bucket_ms)
   end
   local bucket = due_ms - (due_ms % bucket_ms)
   local wkey = tag .. 'w:' .. bucket
-  redis.call('HDEL', wkey, run_id)
+  redis.call('HDEL', wkey, wheel_member(run_id))
   if redis.call('EXISTS', wkey) == 0 then
     redis.call('ZREM', tag .. 'wheel', bucket)
   end
