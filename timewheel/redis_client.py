@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TypeAlias
+from typing import Any, TypeAlias
 from urllib.parse import unquote, urlsplit
 
 import redis.asyncio as aioredis
@@ -16,6 +16,21 @@ RedisClient: TypeAlias = "aioredis.Redis | RedisCluster"
 SOCKET_TIMEOUT_S = 30.0
 """A pass's pipeline can hold seconds of Lua work after downtime (and an fsync stall on
 top): redis-py's 5 s default would time out a call that is in fact running."""
+
+
+def _pool_options() -> dict[str, Any]:
+    """Turn redis-py's maintenance notifications off. With them on ("auto", the default
+    over RESP3 in recent redis-py, 8.1 here) its pool skips the check that a pooled
+    connection is still open before handing it out (ConnectionPool.ensure_connection), so
+    after a restart of redis-server the first command on each connection from before
+    failed with "Connection closed by server" (an API request answered 503 although Redis
+    was up again). They serve managed endpoints that move during maintenance.
+    """
+    try:
+        from redis.maint_notifications import MaintNotificationsConfig
+    except ImportError:  # pragma: no cover - an older redis-py always checks
+        return {}
+    return {"maint_notifications_config": MaintNotificationsConfig(enabled=False)}
 
 
 async def connect(url: str, *, max_connections: int = 64) -> RedisClient:
@@ -50,6 +65,10 @@ async def connect(url: str, *, max_connections: int = 64) -> RedisClient:
         return cluster
     # A blocking pool: more concurrent calls than connections wait for one, not fail.
     pool = aioredis.BlockingConnectionPool.from_url(
-        url, max_connections=max_connections, timeout=30, socket_timeout=SOCKET_TIMEOUT_S
+        url,
+        max_connections=max_connections,
+        timeout=30,
+        socket_timeout=SOCKET_TIMEOUT_S,
+        **_pool_options(),
     )
     return aioredis.Redis.from_pool(pool)  # owns the pool: aclose() closes its sockets
