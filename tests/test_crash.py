@@ -349,6 +349,7 @@ async def test_api_creates_survive_kill_9_of_redis_server(tmp_path: Path) -> Non
         about = f"seed {seed}; {tally.summary()}; " + "; ".join(kills)
         print(about)
         assert not tally.unexpected, f"{tally.unexpected[:10]} ({about})"
+        assert not tally.stale_503, f"503s while Redis was up ({about})"
         assert tally.statuses[503] + tally.transport_errors >= KILL_POINTS, about
         assert node.proc.poll() is None, f"the scheduler died:\n{node.log()[-3000:]}"
         acked = {task_id: create for create, task_id in tally.acked.values()}
