@@ -33,6 +33,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
+import redis.asyncio as aioredis
+import redis.exceptions
+import uvloop
 
 from tests.apiserver import start_api
 from tests.conftest import test_settings
@@ -43,6 +47,7 @@ from timewheel.config import Settings
 from timewheel.engine import Engine, NewTask
 from timewheel.errors import TaskNotFound
 from timewheel.models import Task, ms_to_rfc3339
+from timewheel.redis_client import connect
 from timewheel.redis_server import RedisServer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -650,4 +655,38 @@ async def test_scheduler_and_worker_kill_9_lose_no_task(tmp_path: Path) -> None:
         if crew is not None:
             crew.stop()
         await engine.close()
+        server.stop()
+
+
+# -- regression: a connection closed under uvloop ---------------------------------------
+
+
+def test_a_write_to_a_reset_connection_on_uvloop_is_a_connection_error(tmp_path: Path) -> None:
+    """Seen as a 500 in test_api_creates_survive_kill_9_of_redis_server: the API runs on
+    uvloop, which raises RuntimeError for a write to a transport a reset has closed;
+    timewheel's connections make that the ConnectionError (-> 503) it is."""
+    server = RedisServer(tmp_path / "redis")
+    server.start()
+
+    async def main() -> None:
+        client = await connect(server.url)
+        assert isinstance(client, aioredis.Redis)
+        try:
+            await client.ping()
+            conn = await client.connection_pool.get_connection()  # type: ignore[no-untyped-call]
+            writer = conn._writer
+            assert writer is not None
+            writer.transport.abort()  # what a reset from the peer leaves behind
+            await asyncio.sleep(0.01)
+            with pytest.raises(redis.exceptions.ConnectionError, match="handler is closed"):
+                await conn.send_packed_command(conn.pack_command("PING"), check_health=False)
+            await client.connection_pool.release(conn)
+            assert await client.ping()  # the pool connects afresh
+        finally:
+            await client.aclose()
+
+    try:
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            runner.run(main())
+    finally:
         server.stop()
