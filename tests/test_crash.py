@@ -9,6 +9,8 @@
    processes, each kind killed with SIGKILL (and restarted) 4 times at random moments.
    Afterwards every task is succeeded (or dead, for the ones whose handler always fails:
    their retry policy), none missing, none stuck; runs handled twice are counted.
+3. A regression test for a 500 the first one found (uvloop's RuntimeError on a write to a
+   connection the dying redis-server had reset).
 
 The moments come from a seeded RNG. The seed is printed and is part of every assertion
 message; TW_CRASH_SEED=<seed> replays the same choices (the machine's timing still varies).
