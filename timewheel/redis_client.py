@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import TypeAlias
+from collections.abc import Iterable
+from typing import Any, TypeAlias
 from urllib.parse import unquote, urlsplit
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import RedisError
+from redis.exceptions import ConnectionError, RedisError
 
 from timewheel.errors import ConfigError, RedisUnavailable
 
@@ -16,6 +17,48 @@ RedisClient: TypeAlias = "aioredis.Redis | RedisCluster"
 SOCKET_TIMEOUT_S = 30.0
 """A pass's pipeline can hold seconds of Lua work after downtime (and an fsync stall on
 top): redis-py's 5 s default would time out a call that is in fact running."""
+
+
+class _Connection(aioredis.Connection):
+    """redis-py's TCP connection, with one more way of finding the socket gone mapped to
+    ConnectionError.
+
+    On uvloop (the API runs on it) writing to a transport that a reset has closed raises
+    RuntimeError ("unable to perform operation on <TCPTransport closed=True ...>; the
+    handler is closed"). redis-py maps only OSError to ConnectionError, so a request that
+    met a connection reset by a dying redis-server was answered 500, not 503.
+    """
+
+    async def send_packed_command(
+        self, command: bytes | str | Iterable[bytes], check_health: bool = True
+    ) -> None:
+        try:
+            await super().send_packed_command(command, check_health)
+        except RuntimeError as exc:  # super() has disconnected already
+            if "handler is closed" not in str(exc):
+                raise
+            where = f"{self.host}:{self.port}"
+            raise ConnectionError(f"Error while writing to {where}: {exc}") from exc
+
+
+def _pool_options(url: str) -> dict[str, Any]:
+    """Pool options: our connection class (above); and redis-py's maintenance notifications
+    off. With them on ("auto", the default over RESP3 in recent redis-py, 8.1 here) its
+    pool skips the check that a pooled connection is still open before handing it out
+    (ConnectionPool.ensure_connection), so after a restart of redis-server the first
+    command on each connection from before failed with "Connection closed by server" (an
+    API request answered 503 although Redis was up again). They serve managed endpoints
+    that move during maintenance.
+    """
+    options: dict[str, Any] = {}
+    if url.startswith("redis://"):  # rediss:// and unix:// keep their own classes
+        options["connection_class"] = _Connection
+    try:
+        from redis.maint_notifications import MaintNotificationsConfig
+    except ImportError:  # pragma: no cover - an older redis-py always checks
+        return options
+    options["maint_notifications_config"] = MaintNotificationsConfig(enabled=False)
+    return options
 
 
 async def connect(url: str, *, max_connections: int = 64) -> RedisClient:
@@ -50,6 +93,10 @@ async def connect(url: str, *, max_connections: int = 64) -> RedisClient:
         return cluster
     # A blocking pool: more concurrent calls than connections wait for one, not fail.
     pool = aioredis.BlockingConnectionPool.from_url(
-        url, max_connections=max_connections, timeout=30, socket_timeout=SOCKET_TIMEOUT_S
+        url,
+        max_connections=max_connections,
+        timeout=30,
+        socket_timeout=SOCKET_TIMEOUT_S,
+        **_pool_options(url),
     )
     return aioredis.Redis.from_pool(pool)  # owns the pool: aclose() closes its sockets
