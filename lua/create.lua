@@ -40,7 +40,7 @@ end
 -- HSETNX is the existence check and the write in one call (the common case).
 local record = record_pack({ ST_SCHEDULED, 0, due_ms, tenant, queue, now, payload, opts,
   nil, nil, nil, nil })
-if rcall('HSETNX', body_key_, run_id, record) == 0 then
+if record_create(body_key_, run_id, record) == 0 then
   local existing, raw = record_load(body_key_, run_id)
   if idempotent and existing[R_TENANT] == tenant then
     return { 0, raw }

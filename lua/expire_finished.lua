@@ -39,7 +39,7 @@ while deleted < limit do
     local bkey = body_key(tag, run_id)
     local r = record_load(bkey, run_id)
     if r and r[R_STATE] ~= ST_SCHEDULED and r[R_STATE] ~= ST_DISPATCHED then
-      rcall('HDEL', bkey, run_id)
+      record_delete(bkey, run_id)
     end
   end
   if #ids > 0 then

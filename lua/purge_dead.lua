@@ -22,7 +22,7 @@ end
 if r[R_DEAD] then
   rcall('XDEL', dead_key, r[R_DEAD])
 end
-rcall('HDEL', bkey, run_id)
+record_delete(bkey, run_id)
 event_emit(events_key, event_cap, 'e', 'purged', 'id', run_id, 'tenant', tenant,
   'at', clock_now_ms(now_override))
 return { 1 }

@@ -41,7 +41,7 @@ for i = 0, n - 1 do
   local raw = record_pack({ ST_SCHEDULED, tonumber(ARGV[a + 1]), due_ms, tenant, ARGV[a + 4],
     tonumber(ARGV[a + 5]), ARGV[a + 6], opt(ARGV[a + 7]), updated and tonumber(updated),
     opt(ARGV[a + 9]), opt(ARGV[a + 10]), nil })
-  if redis.call('HSETNX', body_key(tag, run_id), run_id, raw) == 1 then
+  if record_create(body_key(tag, run_id), run_id, raw) == 1 then
     wheel_place(tag, meta_key, run_id, tenant, due_ms, bucket_ms)
     if ARGV[a + 10] ~= '' then
       -- A schedule's run: in its run index, so pause, update and delete find it.

@@ -102,7 +102,7 @@ local function dispatch(tenant, run_id)
     -- State and attempt are the record's first two values, one msgpack byte each
     -- (positive fixints) while attempt < 128: patch them instead of repacking the
     -- whole record (about 4 us of the ~25 us a dispatch costs).
-    rcall('HSET', bkey, run_id, string.char(ST_DISPATCHED, attempt) .. string.sub(raw, 3))
+    record_put(bkey, run_id, string.char(ST_DISPATCHED, attempt) .. string.sub(raw, 3))
   else
     r[R_STATE], r[R_ATTEMPT] = ST_DISPATCHED, attempt
     record_save(bkey, run_id, r)

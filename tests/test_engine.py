@@ -314,3 +314,18 @@ async def test_scripts_reload_after_the_server_forgets_them(engine: Engine) -> N
     one = await engine.create(NewTask(tenant="acme", run_at_ms=NOW), now_ms=NOW)
     assert all(r.created for r in [*many, one])
     assert await tick_all(engine, NOW) == 4
+
+
+async def test_a_record_is_stored_under_its_id_less_what_the_key_implies(engine: Engine) -> None:
+    res = await engine.create(NewTask(tenant="acme", delay_ms=60_000), now_ms=NOW)
+    k, shard = engine.keys, shard_of(res.task_id)
+    assert shard is not None
+    body = k.body(shard, res.task_id)
+    field = k.body_field(res.task_id)
+    assert len(field) == len(res.task_id) - 5
+    assert await engine.client.hexists(body, field)
+    assert not await engine.client.hexists(body, res.task_id)
+    assert k.run_id_in_body(shard, body, field) == res.task_id
+    run_id = f"{res.task_id}@1795979241606"
+    assert k.body_field(run_id) == field + "@1795979241606"
+    assert k.run_id_in_body(shard, body, k.body_field(run_id)) == run_id

@@ -195,7 +195,7 @@ class Archiver:
         keys = self.engine.keys
         pipe = self.engine.client.pipeline(transaction=False)
         for row in wanted:
-            pipe.hget(keys.body(row[0], row[3]), row[3])
+            pipe.hget(keys.body(row[0], row[3]), keys.body_field(row[3]))
         try:
             raws: list[Any] = await pipe.execute()
         except (RedisError, OSError) as exc:

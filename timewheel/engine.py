@@ -295,7 +295,9 @@ class Engine(OutcomeOps, ScheduleOps):
         """The task as stored. Another tenant's id is TaskNotFound, like an unknown one."""
         shard = self._locate(task_id)
         try:
-            raw = await self.client.hget(self.keys.body(shard, task_id), task_id)
+            raw = await self.client.hget(
+                self.keys.body(shard, task_id), self.keys.body_field(task_id)
+            )
         except (RedisError, OSError) as exc:
             raise RedisUnavailable(f"get failed: {exc}") from exc
         if not isinstance(raw, bytes):

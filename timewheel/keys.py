@@ -51,8 +51,22 @@ class Keys:
         return self.tag(shard) + "expiry"
 
     def body(self, shard: int, run_id: str) -> str:
-        """HASH run_id -> record; the bucket is the last two characters of the task id."""
+        """HASH body_field(run_id) -> record; the hash is chosen by the last two
+        characters of the task id (the part of the run id before any '@')."""
         return self.tag(shard) + "t:" + run_id.split("@", 1)[0][-2:]
+
+    @staticmethod
+    def body_field(run_id: str) -> str:
+        """A run's field in its body hash: the run id without its 3 shard characters and
+        the 2 that chose the hash, which the key implies (lua/lib/record.lua)."""
+        base, at, rest = run_id.partition("@")
+        return base[3:-2] + at + rest
+
+    @staticmethod
+    def run_id_in_body(shard: int, body_key: str, field: str) -> str:
+        """The run id of `field` of body hash `body_key` of `shard` (body_field undone)."""
+        middle, at, rest = field.partition("@")
+        return f"{shard:03x}{middle}{body_key[-2:]}{at}{rest}"
 
     def schedule(self, shard: int, sid: str) -> str:
         """HASH: a recurring schedule (fields in lua/lib/schedule.lua)."""

@@ -134,7 +134,10 @@ async def _scan_bodies(
             raise RedisUnavailable(f"cannot scan the records of shard {shard}: {exc}") from exc
         following: dict[str, int] = {}
         for key, (cursor, fields) in zip(cursors, replies, strict=True):
-            out.extend(fields.items())
+            out.extend(
+                (engine.keys.run_id_in_body(shard, key, f.decode()).encode(), raw)
+                for f, raw in fields.items()
+            )
             if int(cursor):
                 following[key] = int(cursor)
         cursors = following

@@ -97,11 +97,15 @@ async def list_tasks(
             visited += 1
             examined += len(entries)
             after = pos.after if i == 0 else ""
-            for field_ in sorted(entries):
-                run_id = field_.decode()
+            key = engine.keys.tag(shard) + "t:" + _suffix(bucket)
+            found = {
+                engine.keys.run_id_in_body(shard, key, f.decode()): raw
+                for f, raw in entries.items()
+            }
+            for run_id in sorted(found):
                 if after and run_id <= after:
                     continue
-                task = record.decode(run_id, entries[field_])
+                task = record.decode(run_id, found[run_id])
                 if not _keep(task, tenant, queue, state):
                     continue
                 out.append(task)

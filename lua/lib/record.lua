@@ -15,12 +15,37 @@ local function body_key(tag, run_id)
   return tag .. 't:' .. string.sub(base, -2)
 end
 
+-- A run's field in its body hash: the run id without the 3 shard characters and the 2
+-- that chose the hash (the key implies all five): 5 bytes of every record.
+-- '03f1gy61ezezgb00' -> '1gy61ezezgb', '03f1gy61ezezgb00@1795979241606' -> '1gy61ezezgb@1795979241606'
+local function body_field(run_id)
+  local at = string.find(run_id, '@', 1, true)
+  if at then
+    return string.sub(run_id, 4, at - 3) .. string.sub(run_id, at)
+  end
+  return string.sub(run_id, 4, -3)
+end
+
 local function record_load(bkey, run_id)
-  local raw = redis.call('HGET', bkey, run_id)
+  local raw = redis.call('HGET', bkey, body_field(run_id))
   if not raw then
     return nil, nil
   end
   return { cmsgpack.unpack(raw) }, raw
+end
+
+-- Write a packed record only if the run has none: 1 if written, 0 if one was there.
+local function record_create(bkey, run_id, raw)
+  return redis.call('HSETNX', bkey, body_field(run_id), raw)
+end
+
+-- Write a packed record as is (the tick patches state and attempt in place).
+local function record_put(bkey, run_id, raw)
+  redis.call('HSET', bkey, body_field(run_id), raw)
+end
+
+local function record_delete(bkey, run_id)
+  redis.call('HDEL', bkey, body_field(run_id))
 end
 
 local function record_pack(r)
@@ -35,6 +60,6 @@ end
 
 local function record_save(bkey, run_id, r)
   local raw = record_pack(r)
-  redis.call('HSET', bkey, run_id, raw)
+  record_put(bkey, run_id, raw)
   return raw
 end

@@ -77,7 +77,7 @@ local function schedule_plan(ctx, sid, s, fires, after)
     else
       local rec = record_pack({ ST_SCHEDULED, 0, fire, s.tenant, s.queue, ctx.now, s.payload,
         head .. string.format('%d', nxt) .. '}', nil, nil, sid, nil })
-      if redis.call('HSETNX', body_key(tag, run_id), run_id, rec) == 1 then
+      if record_create(body_key(tag, run_id), run_id, rec) == 1 then
         if wheel_place(tag, tag .. 'meta', run_id, s.tenant, fire, ctx.bucket_ms) == 1 then
           ctx.wake = 1
         end
@@ -101,7 +101,7 @@ local function schedule_drop_pending(tag, sid, bucket_ms)
     local r = record_load(bkey, run_id)
     if r and r[R_STATE] == ST_SCHEDULED and r[R_ATTEMPT] == 0 then
       wheel_remove(tag, run_id, r[R_TENANT], r[R_DUE], bucket_ms)
-      redis.call('HDEL', bkey, run_id)
+      record_delete(bkey, run_id)
       dropped = dropped + 1
       if earliest == nil or fire < earliest then
         earliest = fire
