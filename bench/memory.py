@@ -505,10 +505,13 @@ def summary_line(results: list[dict[str, Any]], tasks: int) -> str:
     far = by.get("wheel-far")
     if far:
         fill = far["breakdown"].get("w", {}).get("entries_per_key", 0)
-        verdict = "met" if far["bytes_per_task"] <= 200 else "not met at this N"
+        # The log is a constant (capped per shard): at 50 M tasks it adds log / 50 M.
+        at_50m = far["bytes_per_task_excl_event_log"] + far["event_log_bytes"] / 50e6
+        verdict = "met" if at_50m <= 200 else "not met"
         line += (
-            f"; wheel-far incl. log {far['bytes_per_task']:.0f} (target <= 200 B/task at 50 M "
-            f"tasks: {verdict}; far buckets hold {fill:.1f} runs here, ~77 at 50 M)"
+            f"; wheel-far incl. log {far['bytes_per_task']:.0f} here, {at_50m:.0f} at 50 M "
+            f"(target <= 200 B/task at 50 M tasks: {verdict}; far buckets hold {fill:.1f} "
+            "runs here, ~77 at 50 M)"
         )
     return line
 
