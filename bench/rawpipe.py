@@ -86,10 +86,9 @@ class RawPipe:
 
 
 def create_commands(engine: Engine, batch: Sequence[NewTask]) -> tuple[list[bytes], list[str]]:
-    """The EVALSHA calls Engine.create_many would pipeline, and the task ids."""
-    commands, task_ids = [], []
-    for new in batch:
-        script, keys, argv, task_id, _ = engine._prepare(new)
-        commands.append(resp(("EVALSHA", script.sha, len(keys), *keys, *argv)))
-        task_ids.append(task_id)
-    return commands, task_ids
+    """The EVALSHA calls Engine.create_many would pipeline (one per shard and chunk),
+    and the task ids."""
+    prepared = [engine._prepare(new) for new in batch]
+    calls, _ = engine.create_calls(prepared)
+    commands = [resp(("EVALSHA", c[0].sha, len(c[1]), *c[1], *c[2])) for c in calls]
+    return commands, [p.task_id for p in prepared]

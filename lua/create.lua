@@ -1,58 +1,74 @@
---[[ create: schedule a new one-shot run in one shard.
-  KEYS[1] meta    HASH  tag..'meta' (the shard tag is KEYS[1] minus 'meta')
-  KEYS[2] body    HASH  tag..'t:'..xy, the body hash of ARGV[1]
-  KEYS[3] events  STREAM tag..'events'
-  ARGV[1] run_id (= task id)        ARGV[2] tenant        ARGV[3] queue
-  ARGV[4] run_at_ms ('' = use delay) ARGV[5] delay_ms     ARGV[6] payload (JSON text)
-  ARGV[7] opts (JSON text of non-default policy fields, '' = none)
-  ARGV[8] idempotent ('1': the id was derived from an idempotency key)
-  ARGV[9] bucket_ms   ARGV[10] now_ms override ('' = TIME)   ARGV[11] event log cap
-  ARGV[12] wake channel ('' = none)   ARGV[13] shard number (the wake message)
-  Derived keys (same tag): near:<tenant>, due, w:<bucket>, wheel.
-  Returns: {1, due_ms, wake, now_ms}  created; wake = 1 if it moved the shard's next action
-                                earlier; now_ms = the record's created time
-           {0, record}          an idempotent duplicate: the existing record, unchanged
-  Errors:  -1 NOT_FOUND is never returned here; a random-id collision is an error reply. ]]
+--[[ create: schedule new one-shot runs of one shard (one, or a batch: one call amortizes
+  the script's fixed cost, about half of a lone create).
+  KEYS[1] meta    HASH   tag..'meta' (the shard tag is KEYS[1] minus 'meta')
+  KEYS[2] events  STREAM tag..'events'
+  ARGV[1] bucket_ms   ARGV[2] now_ms override ('' = TIME)   ARGV[3] event log cap
+  ARGV[4] wake channel ('' = none)   ARGV[5] shard number (the wake message)
+  ARGV[6 ..] n groups of 8 values, one per run (n <= 500):
+          run_id (= task id), tenant, queue, run_at_ms ('' = use delay), delay_ms,
+          payload (JSON text), opts (JSON text of non-default policy fields, '' = none),
+          idempotent ('1': the id was derived from an idempotency key)
+  Derived keys (same tag): t:<xy>, near:<tenant>, due, w:<bucket>, wheel.
+  Returns: one reply per run, in order:
+           {1, due_ms, wake, now_ms}  created; wake = 1 if it moved the shard's next
+                                      action earlier; now_ms = the record's created time
+           {0, record}                an idempotent duplicate: the existing record
+           {2, run_id}                a random-id collision (not created; practically
+                                      never: ids carry 65 random bits)
+  Errors:  malformed input is an error reply. ]]
 local rcall = redis.call
-local meta_key, body_key_, events_key = KEYS[1], KEYS[2], KEYS[3]
-local run_id, tenant, queue = ARGV[1], ARGV[2], ARGV[3]
-local run_at, delay_ms, payload, opts = ARGV[4], ARGV[5], ARGV[6], ARGV[7]
-local idempotent, bucket_ms, now_override = ARGV[8] == '1', tonumber(ARGV[9]), ARGV[10]
-local event_cap, wake_channel, shard = ARGV[11], ARGV[12], ARGV[13]
+local meta_key, events_key = KEYS[1], KEYS[2]
+local bucket_ms, now_override, event_cap = tonumber(ARGV[1]), ARGV[2], ARGV[3]
+local wake_channel, shard = ARGV[4], ARGV[5]
 local tag = string.sub(meta_key, 1, -5)
+local GROUP, FIRST = 8, 6
 
 --!include lib/record.lua
 --!include lib/clock.lua
 --!include lib/wheel.lua
 --!include lib/events.lua
 
+local n = (#ARGV - FIRST + 1) / GROUP
+if n ~= math.floor(n) or n < 1 or n > 500 then
+  return redis.error_reply('ERR timewheel: create takes 1..500 groups of 8 values')
+end
 local now = clock_now_ms(now_override)
-local due_ms
-if run_at ~= '' then
-  due_ms = tonumber(run_at)
-else
-  due_ms = now + tonumber(delay_ms)
-end
-if opts == '' then
-  opts = nil
-end
-
--- HSETNX is the existence check and the write in one call (the common case).
-local record = record_pack({ ST_SCHEDULED, 0, due_ms, tenant, queue, now, payload, opts,
-  nil, nil, nil, nil })
-if record_create(body_key_, run_id, record) == 0 then
-  local existing, raw = record_load(body_key_, run_id)
-  if idempotent and existing[R_TENANT] == tenant then
-    return { 0, raw }
+local replies, woken = {}, 0
+for i = 0, n - 1 do
+  local a = FIRST + i * GROUP
+  local run_id, tenant, queue = ARGV[a], ARGV[a + 1], ARGV[a + 2]
+  local due_ms
+  if ARGV[a + 3] ~= '' then
+    due_ms = tonumber(ARGV[a + 3])
+  else
+    due_ms = now + tonumber(ARGV[a + 4])
   end
-  return redis.error_reply('ERR timewheel: run id collision ' .. run_id)
+  local opts = ARGV[a + 6]
+  if opts == '' then
+    opts = nil
+  end
+  local bkey = body_key(tag, run_id)
+  -- HSETNX is the existence check and the write in one call (the common case).
+  local record = record_pack({ ST_SCHEDULED, 0, due_ms, tenant, queue, now, ARGV[a + 5],
+    opts, nil, nil, nil, nil })
+  if record_create(bkey, run_id, record) == 0 then
+    local existing, raw = record_load(bkey, run_id)
+    if ARGV[a + 7] == '1' and existing[R_TENANT] == tenant then
+      replies[i + 1] = { 0, raw }
+    else
+      replies[i + 1] = { 2, run_id }
+    end
+  else
+    local wake = wheel_place(tag, meta_key, run_id, tenant, due_ms, bucket_ms)
+    woken = math.max(woken, wake)
+    -- No payload in the event: the log stays small (it is capped by entries, not
+    -- bytes), and whoever needs the payload of a pending run reads it from the record.
+    event_emit(events_key, event_cap, 'e', 'created', 'id', run_id, 'tenant', tenant,
+      'queue', queue, 'due_ms', due_ms, 'at', now)
+    replies[i + 1] = { 1, due_ms, wake, now }
+  end
 end
-local wake = wheel_place(tag, meta_key, run_id, tenant, due_ms, bucket_ms)
--- No payload in the event: the log stays small (it is capped by entries, not bytes), and
--- whoever needs the payload of a pending run reads it from the record.
-event_emit(events_key, event_cap, 'e', 'created', 'id', run_id, 'tenant', tenant,
-  'queue', queue, 'due_ms', due_ms, 'at', now)
-if wake == 1 and wake_channel ~= '' then
+if woken == 1 and wake_channel ~= '' then
   rcall('PUBLISH', wake_channel, shard)
 end
-return { 1, due_ms, wake, now }
+return replies

@@ -26,6 +26,7 @@ from timewheel.errors import (
     LeaseLost,
     PayloadTooLarge,
     RedisUnavailable,
+    ScriptError,
     TaskNotFound,
     ValidationError,
 )
@@ -48,6 +49,19 @@ def validate_name(value: object, field_name: str) -> str:
             field=field_name,
         )
     return value
+
+
+CREATE_CHUNK = 200
+"""Most tasks one create.lua call carries (keeps a call near a few ms)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedCreate:
+    """A validated create: its id, shard and the 8 values create.lua takes for it."""
+
+    task_id: str
+    shard: int
+    group: list[ScriptArg]
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,7 +238,7 @@ class Engine(OutcomeOps, ScheduleOps):
 
     # -- create ----------------------------------------------------------------------
 
-    def _prepare(self, new: NewTask) -> tuple[Script, list[str], list[ScriptArg], str, int]:
+    def _prepare(self, new: NewTask) -> PreparedCreate:
         validate_name(new.tenant, "tenant")
         validate_name(new.queue, "queue")
         self.check_payload(new.payload_json)
@@ -236,9 +250,7 @@ class Engine(OutcomeOps, ScheduleOps):
             token = ids.new_token()
         shard = ids.shard_for(new.tenant, token, self.settings.default_spread, self.settings.shards)
         task_id = ids.make_task_id(shard, token)
-        k, s = self.keys, self.settings
-        keys = [k.meta(shard), k.body(shard, task_id), k.events(shard)]
-        args: list[ScriptArg] = [
+        group: list[ScriptArg] = [
             task_id,
             new.tenant,
             new.queue,
@@ -247,18 +259,42 @@ class Engine(OutcomeOps, ScheduleOps):
             new.payload_json,
             json.dumps(dict(new.options), separators=(",", ":")) if new.options else "",
             "1" if new.idempotency_key is not None else "0",
-            s.bucket_ms,
-            "",
-            s.event_log_max,
-            k.wake_channel(),
-            shard,
         ]
-        return self.scripts.create, keys, args, task_id, shard
+        return PreparedCreate(task_id, shard, group)
+
+    def create_calls(
+        self, prepared: Sequence[PreparedCreate], now_ms: int | None = None
+    ) -> tuple[list[ScriptCall], list[list[int]]]:
+        """The create.lua calls for `prepared`: one per shard and chunk of CREATE_CHUNK,
+        and for each call the indexes (in `prepared`) of the tasks it carries."""
+        by_shard: dict[int, list[int]] = {}
+        for i, p in enumerate(prepared):
+            by_shard.setdefault(p.shard, []).append(i)
+        k, s = self.keys, self.settings
+        calls: list[ScriptCall] = []
+        members: list[list[int]] = []
+        for shard, indexes in by_shard.items():
+            head: list[ScriptArg] = [
+                s.bucket_ms,
+                _arg(now_ms),
+                s.event_log_max,
+                k.wake_channel(),
+                shard,
+            ]
+            for low in range(0, len(indexes), CREATE_CHUNK):
+                chunk = indexes[low : low + CREATE_CHUNK]
+                args = head + [v for i in chunk for v in prepared[i].group]
+                calls.append((self.scripts.create, [k.meta(shard), k.events(shard)], args))
+                members.append(chunk)
+        return calls, members
 
     def _created(self, task_id: str, reply: list[Any]) -> CreateResult:
-        if int(reply[0]) == 1:
-            created_ms = int(reply[3]) if len(reply) > 3 else None
-            return CreateResult(None, task_id, True, int(reply[1]), bool(int(reply[2])), created_ms)
+        code = int(reply[0])
+        if code == 1:
+            due_ms, wake, created_ms = int(reply[1]), bool(int(reply[2])), int(reply[3])
+            return CreateResult(None, task_id, True, due_ms, wake, created_ms)
+        if code == 2:
+            raise ScriptError(f"run id collision {task_id}")
         task = record.decode(task_id, reply[1])
         return CreateResult(task, task_id, False, task.due_ms)
 
@@ -269,22 +305,22 @@ class Engine(OutcomeOps, ScheduleOps):
             ValidationError: a name or time is malformed.
             PayloadTooLarge: the payload is over the configured limit.
         """
-        script, keys, args, task_id, _ = self._prepare(new)
-        if now_ms is not None:
-            args[9] = now_ms
-        return self._created(task_id, await self.write(script, keys, args))
+        prepared = self._prepare(new)
+        [call], _ = self.create_calls([prepared], now_ms)
+        [reply] = await self.write(*call)
+        return self._created(prepared.task_id, reply)
 
     async def create_many(self, batch: Sequence[NewTask]) -> list[CreateResult]:
-        """Create many tasks in one pipeline (on Cluster, one per node, sent concurrently)."""
-        return await self._create_pipelined([self._prepare(new) for new in batch])
-
-    async def _create_pipelined(
-        self, prepared: list[tuple[Script, list[str], list[ScriptArg], str, int]]
-    ) -> list[CreateResult]:
-        replies = await run_pipeline(
-            self.client, [(p[0], p[1], p[2]) for p in prepared], replicas=self._replicas()
-        )
-        return [self._created(p[3], reply) for p, reply in zip(prepared, replies, strict=True)]
+        """Create many tasks: one create.lua call per shard (and chunk), all in one
+        pipeline (on Cluster, one per node, sent concurrently)."""
+        prepared = [self._prepare(new) for new in batch]
+        calls, members = self.create_calls(prepared)
+        replies = await run_pipeline(self.client, calls, replicas=self._replicas())
+        out: list[CreateResult | None] = [None] * len(prepared)
+        for chunk, reply in zip(members, replies, strict=True):
+            for i, item in zip(chunk, reply, strict=True):
+                out[i] = self._created(prepared[i].task_id, item)
+        return [r for r in out if r is not None]
 
     async def _pipeline(self, calls: list[ScriptCall]) -> list[Any]:
         return await run_pipeline(self.client, calls)
