@@ -8,9 +8,11 @@
   ARGV[4] cursor: fire times after it are planned   ARGV[5] fire times to materialize
   now, ascending, comma-separated   ARGV[6] the next fire time after them (-1 = none)
   ARGV[7] bucket_ms   ARGV[8] misfire_ms   ARGV[9] now_ms override   ARGV[10] event log cap
-  ARGV[11] wake channel ('' = none)   ARGV[12] shard number
+  ARGV[11] wake channel ('' = none)   ARGV[12] shard number   ARGV[13] the version the
+  caller read (the fire times above were computed from that schedule)
   Derived keys (same tag): sr:<sid>, plan, t:<xy>, near:<tenant>, due, w:<bucket>, wheel.
   Returns: {1, added, wake}   updated; runs already dispatched are not touched
+           {0}                the schedule changed since the caller read it: nothing done
   Errors:  {-1} NOT_FOUND     no such schedule for this tenant ]]
 local rcall = redis.call
 local meta_key, skey, events_key = KEYS[1], KEYS[2], KEYS[3]
@@ -26,6 +28,9 @@ local tag = string.sub(meta_key, 1, -5)
 local s = schedule_load(skey)
 if s == nil or s.tenant ~= tenant then
   return { -1 }
+end
+if s.version ~= ARGV[13] then
+  return { 0 }
 end
 local now = clock_now_ms(ARGV[9])
 local bucket_ms = tonumber(ARGV[7])

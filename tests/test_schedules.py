@@ -302,3 +302,16 @@ async def test_idempotency_key_returns_the_same_schedule(engine: Engine) -> None
     again, created_again = await engine.create_schedule(new, now_ms=NOW)
     assert created and not created_again and first.id == again.id
     assert again.runs_planned == 1
+
+
+async def test_an_update_computed_from_a_stale_read_is_refused_and_redone(engine: Engine) -> None:
+    sid = await create(engine, every(2), payload_json='{"v":1}')
+    stale = await engine.get_schedule("acme", sid)
+    await engine.update_schedule("acme", sid, ScheduleChanges(spec=every(3)), now_ms=NOW)
+    # Fire times computed from the every-2 spec read before: refused, nothing written.
+    assert not await engine._update_once(stale, ScheduleChanges(payload_json='"x"'), NOW)
+    now = await engine.get_schedule("acme", sid)
+    assert (now.spec.every_s, now.payload_json) == (3, '{"v":1}')
+    # Through update_schedule the read is redone: the payload lands on the every-3 plan.
+    done = await engine.update_schedule("acme", sid, ScheduleChanges(payload_json='"x"'))
+    assert (done.spec.every_s, done.payload_json, done.version) == (3, '"x"', now.version + 1)

@@ -43,6 +43,19 @@ def _stream_id(raw: bytes) -> StreamId:
     return int(ms), int(seq or 0)
 
 
+def _event(kind: str, f: dict[bytes, bytes], attempt: int | None) -> RunEvent:
+    """A RunEvent from an event-log entry's fields (`attempt` found by the caller: a
+    dispatched entry carries one per run)."""
+    return RunEvent(
+        kind=kind,
+        at_ms=int(f[b"at"]),
+        attempt=attempt,
+        reason=f[b"reason"].decode() if b"reason" in f else None,
+        error=f[b"error"].decode() if b"error" in f else None,
+        node=f[b"node"].decode() if f.get(b"node") else None,
+    )
+
+
 async def run_history(engine: Engine, tenant: str, run_id: str) -> list[RunEvent]:
     """Every event of `run_id` in the event log (or archived, see the module doc), oldest first.
 
@@ -97,15 +110,7 @@ async def _from_redis(
                 continue
         elif f.get(b"id") != needle:
             continue
-        event = RunEvent(
-            kind=kind,
-            at_ms=int(f[b"at"]),
-            attempt=attempt,
-            reason=f[b"reason"].decode() if b"reason" in f else None,
-            error=f[b"error"].decode() if b"error" in f else None,
-            node=f[b"node"].decode() if f.get(b"node") else None,
-        )
-        out.append((_stream_id(entry_id), kind, event))
+        out.append((_stream_id(entry_id), kind, _event(kind, f, attempt)))
     return out
 
 
@@ -181,16 +186,7 @@ async def schedule_history(engine: Engine, sid: str) -> list[ScheduleRun]:
         elif f.get(b"id", b"").startswith(prefix):
             found.append((f[b"id"], int(f[b"attempt"]) if b"attempt" in f else None))
         for rid, attempt in found:
-            runs.setdefault(rid.decode(), []).append(
-                RunEvent(
-                    kind=kind,
-                    at_ms=int(f[b"at"]),
-                    attempt=attempt,
-                    reason=f[b"reason"].decode() if b"reason" in f else None,
-                    error=f[b"error"].decode() if b"error" in f else None,
-                    node=f[b"node"].decode() if f.get(b"node") else None,
-                )
-            )
+            runs.setdefault(rid.decode(), []).append(_event(kind, f, attempt))
 
     def order(run_id: str) -> tuple[int, str]:
         suffix = run_id.rpartition("@")[2]

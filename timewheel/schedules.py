@@ -13,14 +13,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import RedisError
 
 from timewheel import ids
-from timewheel.errors import InvalidState, RedisUnavailable, TaskNotFound, ValidationError
+from timewheel.errors import RedisUnavailable, ScriptError, TaskNotFound, ValidationError
 from timewheel.models import JSONValue, ms_to_rfc3339
 from timewheel.pipeline import ScriptCall, run_pipeline
 from timewheel.schedule import ScheduleSpec, fire_times, plan_fires
@@ -36,6 +36,8 @@ CATCHUPS = ("skip", "latest", "all")
 OVERLAPS = ("allow", "skip", "buffer_one")
 MAX_BACKFILL = 1000
 """Most fire times one backfill call materializes."""
+UPDATE_TRIES = 5
+"""How often update_schedule reads again when the schedule changed under it."""
 MAX_FIRES_PER_CALL = 1000
 """Most fire times one create, update or materialize call plans (bounds the call)."""
 
@@ -67,13 +69,15 @@ class NewSchedule:
 
 @dataclass(frozen=True, slots=True)
 class ScheduleChanges:
-    """A schedule update: None keeps the current value. A new timing (cron, every,
-    time zone, start, end) comes as a whole new spec."""
+    """A schedule update: None keeps the current value. Values that depend on the current
+    schedule are applied to it by update_schedule, against the version it read."""
 
-    spec: ScheduleSpec | None = None
+    spec: ScheduleSpec | Callable[[ScheduleSpec], ScheduleSpec] | None = None
+    """A whole new timing, or a function of the current one (a PATCH of some fields)."""
     queue: str | None = None
     payload_json: str | None = None
     options: dict[str, JSONValue] | None = None
+    """Run options set over the current ones (retry, visibility_timeout_s)."""
     catchup: str | None = None
     catchup_window_ms: int | None = None
     overlap: str | None = None
@@ -101,6 +105,8 @@ class Schedule:
     runs_planned: int
     created_ms: int
     updated_ms: int
+    version: int = 0
+    """Bumped by every change (update, pause, resume): what an update checks it read."""
 
     def to_json(self) -> dict[str, JSONValue]:
         """The public representation (HTTP API)."""
@@ -316,30 +322,48 @@ class ScheduleOps:
             runs_planned=int(h.get("planned") or 0),
             created_ms=int(h["created_ms"]),
             updated_ms=int(h["updated_ms"]),
+            version=int(h.get("version") or 0),
         )
 
     async def update_schedule(
         self, tenant: str, sid: str, changes: ScheduleChanges, *, now_ms: int | None = None
     ) -> Schedule:
-        """Change a schedule: its materialized runs not yet sent are replaced at once."""
-        current = await self.get_schedule(tenant, sid)
+        """Change a schedule: its materialized runs not yet sent are replaced at once.
+
+        The new fire times are computed from the schedule as read; the script refuses if
+        it changed meanwhile, and the read and the computation start again."""
         if changes.payload_json is not None:
             self.check_payload(changes.payload_json)
+        for _ in range(UPDATE_TRIES):
+            current = await self.get_schedule(tenant, sid)
+            if await self._update_once(current, changes, now_ms):
+                return await self.get_schedule(tenant, sid)
+        raise ScriptError(f"schedule {sid} kept changing during {UPDATE_TRIES} update tries")
+
+    async def _update_once(
+        self, current: Schedule, changes: ScheduleChanges, now_ms: int | None
+    ) -> bool:
+        """One try of update_schedule; False if the schedule changed since `current`."""
+        sid, tenant = current.id, current.tenant
         flat: list[str] = []
 
         def put(name: str, value: object) -> None:
             flat.extend((name, str(value)))
 
-        spec = changes.spec or current.spec
-        if changes.spec is not None:
-            put("spec", spec_json(changes.spec))
+        spec = current.spec
+        if callable(changes.spec):
+            spec = changes.spec(current.spec)
+        elif changes.spec is not None:
+            spec = changes.spec
+        if spec != current.spec:
+            put("spec", spec_json(spec))
         if changes.queue is not None:
             put("queue", changes.queue)
         if changes.payload_json is not None:
             put("payload", changes.payload_json)
-        if changes.options is not None:
-            opts = changes.options
-            put("opts", json.dumps(opts, separators=(",", ":")) if opts else "")
+        if changes.options:
+            opts = {**current.options, **changes.options}
+            put("opts", json.dumps(opts, separators=(",", ":")))
         if changes.catchup is not None:
             put("catchup", changes.catchup)
         if changes.catchup_window_ms is not None:
@@ -368,10 +392,11 @@ class ScheduleOps:
                 s.event_log_max,
                 self.keys.wake_channel(),
                 shard,
+                current.version,
             ],
         )
         check(reply, run_id=sid, action="update")
-        return await self.get_schedule(tenant, sid)
+        return int(reply[0]) == 1
 
     async def pause_schedule(self, tenant: str, sid: str, *, now_ms: int | None = None) -> Schedule:
         """Stop materializing; drop the runs not yet sent (runs in flight finish)."""
@@ -382,7 +407,7 @@ class ScheduleOps:
             keys,
             [sid, tenant, s.bucket_ms, "" if now_ms is None else now_ms, s.event_log_max],
         )
-        self._check_schedule(reply, sid, "pause")
+        check(reply, run_id=sid, action="pause")
         return await self.get_schedule(tenant, sid)
 
     async def resume_schedule(
@@ -395,7 +420,7 @@ class ScheduleOps:
             keys[1:],
             [sid, tenant, "" if now_ms is None else now_ms, self.settings.event_log_max],
         )
-        self._check_schedule(reply, sid, "resume")
+        check(reply, run_id=sid, action="resume")
         return await self.get_schedule(tenant, sid)
 
     async def delete_schedule(self, tenant: str, sid: str, *, now_ms: int | None = None) -> int:
@@ -457,13 +482,6 @@ class ScheduleOps:
         )
         check(reply, run_id=sid, action=origin)
         return reply
-
-    @staticmethod
-    def _check_schedule(reply: list[Any], sid: str, action: str) -> None:
-        code = int(reply[0])
-        if code == -2:
-            raise InvalidState(sid, _text(reply[1]), action)
-        check(reply, run_id=sid, action=action)
 
     # -- the planner ------------------------------------------------------------------
 

@@ -159,7 +159,10 @@ def check(reply: list[Any], *, run_id: str = "", action: str = "", shard: int = 
     if code == ScriptCode.NOT_FOUND:
         raise TaskNotFound(run_id)
     if code == ScriptCode.INVALID_STATE:
-        raise InvalidState(run_id, TaskState(int(reply[1])).label, action)
+        # A run's state comes as its integer, a schedule's as its name.
+        state = reply[1]
+        label = state.decode() if isinstance(state, bytes) else TaskState(int(state)).label
+        raise InvalidState(run_id, label, action)
     if code == ScriptCode.LEASE_LOST:
         raise LeaseLost(shard)
     raise ScriptError(f"unexpected code {code} from a script ({action or 'call'})")

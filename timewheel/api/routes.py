@@ -15,18 +15,30 @@ from timewheel.api.endpoints import PUBLIC, Call, Endpoint
 from timewheel.api.errors import error_body, status_of
 from timewheel.engine import NewTask
 from timewheel.errors import PayloadTooLarge, ValidationError
-from timewheel.history import run_history
+from timewheel.history import RunEvent, run_history
 from timewheel.models import CreateResult, Task, ms_to_rfc3339
 from timewheel.tenants import Tenant
 
 
-def _check_payload(tenant: Tenant, new: NewTask) -> None:
+def check_tenant_payload(tenant: Tenant, payload_json: str) -> None:
+    """Raise PayloadTooLarge if the payload is over the tenant's own limit."""
     limit = tenant.limits.max_payload_bytes
-    if limit is not None and len(new.payload_json.encode()) > limit:
+    size = len(payload_json.encode())
+    if limit is not None and size > limit:
         raise PayloadTooLarge(
-            f"payload is {len(new.payload_json.encode())} bytes; the tenant's limit is {limit}",
-            field="payload",
+            f"payload is {size} bytes; the tenant's limit is {limit}", field="payload"
         )
+
+
+def event_json(e: RunEvent) -> dict[str, object]:
+    """One event of a run's history as the API shows it (schemas.EVENT)."""
+    return {
+        "event": e.kind,
+        "at": ms_to_rfc3339(e.at_ms),
+        "attempt": e.attempt,
+        "reason": e.reason,
+        "error": e.error,
+    }
 
 
 def _due_estimate(new: NewTask) -> int:
@@ -44,7 +56,7 @@ async def create_task(call: Call) -> Response:
         idempotency_header=call.request.headers.get("idempotency-key"),
     )
     engine.check_payload(new.payload_json)
-    _check_payload(tenant, new)
+    check_tenant_payload(tenant, new.payload_json)
     await call.store.check_pending(tenant, 1)
     result = await call.request.app.state.creates.create(new)
     if result.created:
@@ -94,7 +106,7 @@ async def update_task(call: Call) -> Response:
     before = await engine.get(tenant.id, task_id)
     run_at_ms, delay_ms, payload_json = schemas.patch_values(call.data)
     if payload_json is not None:
-        _check_payload(tenant, NewTask(tenant.id, payload_json))
+        check_tenant_payload(tenant, payload_json)
     task = await engine.update(
         tenant.id, task_id, run_at_ms=run_at_ms, delay_ms=delay_ms, payload_json=payload_json
     )
@@ -125,7 +137,7 @@ async def create_batch(call: Call) -> Response:
                 idempotency_header=None,
             )
             engine.check_payload(new.payload_json)
-            _check_payload(tenant, new)
+            check_tenant_payload(tenant, new.payload_json)
             valid.append((i, new))
         except ValidationError as exc:
             results[i] = {"status": status_of(exc), "error": error_body(exc)}
@@ -156,21 +168,7 @@ async def task_runs(call: Call) -> Response:
     engine, tenant = call.engine, call.tenant_id
     task = await engine.get(tenant, call.path["task_id"])
     events = await run_history(engine, tenant, task.run_id)
-    return JSONResponse(
-        {
-            "run_id": task.run_id,
-            "events": [
-                {
-                    "event": e.kind,
-                    "at": ms_to_rfc3339(e.at_ms),
-                    "attempt": e.attempt,
-                    "reason": e.reason,
-                    "error": e.error,
-                }
-                for e in events
-            ],
-        }
-    )
+    return JSONResponse({"run_id": task.run_id, "events": [event_json(e) for e in events]})
 
 
 async def list_dead_letters(call: Call) -> Response:

@@ -7,20 +7,9 @@ from starlette.responses import JSONResponse, Response
 
 from timewheel.api import schedule_schemas as S
 from timewheel.api.endpoints import Call, Endpoint
-from timewheel.errors import PayloadTooLarge
+from timewheel.api.routes import check_tenant_payload, event_json
 from timewheel.history import schedule_history
-from timewheel.models import ms_to_rfc3339
 from timewheel.schedules import ScheduleChanges
-from timewheel.tenants import Tenant
-
-
-def _check_payload(tenant: Tenant, payload_json: str) -> None:
-    limit = tenant.limits.max_payload_bytes
-    if limit is not None and len(payload_json.encode()) > limit:
-        raise PayloadTooLarge(
-            f"payload is {len(payload_json.encode())} bytes; the tenant's limit is {limit}",
-            field="payload",
-        )
 
 
 async def create_schedule(call: Call) -> Response:
@@ -31,7 +20,7 @@ async def create_schedule(call: Call) -> Response:
         default_queue=engine.settings.default_queue,
         idempotency_header=call.request.headers.get("idempotency-key"),
     )
-    _check_payload(tenant, new.payload_json)
+    check_tenant_payload(tenant, new.payload_json)
     schedule, created = await engine.create_schedule(new)
     return JSONResponse(schedule.to_json(), status_code=201 if created else 200)
 
@@ -44,18 +33,19 @@ async def get_schedule(call: Call) -> Response:
 async def update_schedule(call: Call) -> Response:
     engine, tenant = call.engine, await call.tenant()
     sid = call.path["schedule_id"]
-    current = await engine.get_schedule(tenant.id, sid)
-    changes = S.schedule_changes(call.data, current.spec, current.options)
+    changes = S.schedule_changes(call.data)
     if changes.payload_json is not None:
-        _check_payload(tenant, changes.payload_json)
+        check_tenant_payload(tenant, changes.payload_json)
     paused = call.data.get("paused")
+    schedule = None
     if paused is True:
-        await engine.pause_schedule(tenant.id, sid)
+        schedule = await engine.pause_schedule(tenant.id, sid)
     if changes != ScheduleChanges():
-        await engine.update_schedule(tenant.id, sid, changes)
+        schedule = await engine.update_schedule(tenant.id, sid, changes)
     if paused is False:
-        await engine.resume_schedule(tenant.id, sid)
-    schedule = await engine.get_schedule(tenant.id, sid)
+        schedule = await engine.resume_schedule(tenant.id, sid)
+    if schedule is None:  # a body the spec lets through changes something; be safe
+        schedule = await engine.get_schedule(tenant.id, sid)
     return JSONResponse(schedule.to_json())
 
 
@@ -99,16 +89,7 @@ async def schedule_runs(call: Call) -> Response:
                 {
                     "run_id": run.run_id,
                     "state": _state_of(run.events[-1].kind),
-                    "events": [
-                        {
-                            "event": e.kind,
-                            "at": ms_to_rfc3339(e.at_ms),
-                            "attempt": e.attempt,
-                            "reason": e.reason,
-                            "error": e.error,
-                        }
-                        for e in run.events
-                    ],
+                    "events": [event_json(e) for e in run.events],
                 }
                 for run in runs
             ],

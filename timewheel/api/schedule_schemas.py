@@ -5,15 +5,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from timewheel.api.schemas import RETRY, payload_json
+from timewheel.api.schemas import EVENT, OPT_TIME, RETRY, TIME, payload_json
 from timewheel.api.spec import (
     AnyJSON,
+    Bool,
     Integer,
+    NullableTime,
     Number,
     Obj,
     OneOf,
     Schema,
-    Spec,
     Text,
     Time,
     name_spec,
@@ -25,31 +26,6 @@ from timewheel.schedules import CATCHUPS, OVERLAPS, NewSchedule, ScheduleChanges
 
 MAX_WINDOW_S = 366 * 86400
 TIMING_FIELDS = ("cron", "timezone", "every_s", "start_at", "end_at")
-
-
-class _Bool(Spec):
-    """true or false."""
-
-    def __init__(self, description: str = ""):
-        self.description = description
-
-    def parse(self, value: object, name: str) -> bool:
-        if not isinstance(value, bool):
-            raise ValidationError(f"{name} must be true or false", field=name)
-        return value
-
-    def schema(self) -> Schema:
-        return {"type": "boolean"}
-
-
-class _NullableTime(Time):
-    """An RFC 3339 time, or null (PATCH: remove the bound)."""
-
-    def parse(self, value: object, name: str) -> int | None:  # type: ignore[override]
-        return None if value is None else super().parse(value, name)
-
-    def schema(self) -> Schema:
-        return {"type": ["string", "null"], "format": "date-time"}
 
 
 def _not_both(raw: dict[str, Any], parsed: dict[str, Any]) -> None:
@@ -76,8 +52,8 @@ _FIELDS: dict[str, Any] = {
     "cron": Text(1, 200, description="5 fields, or 6 with seconds first"),
     "timezone": Text(1, 64, description="IANA time zone of the cron fields (default UTC)"),
     "every_s": Number(1, MAX_WINDOW_S, "fire every N seconds (instead of cron)"),
-    "start_at": _NullableTime("no fire before this instant"),
-    "end_at": _NullableTime("no fire after this instant"),
+    "start_at": NullableTime("no fire before this instant"),
+    "end_at": NullableTime("no fire after this instant"),
     "max_runs": Integer(1, 10**9, "at most this many runs"),
     "queue": name_spec("the queue of its runs (default: the deployment's default queue)"),
     "payload": AnyJSON("the payload of every run; size limited"),
@@ -91,7 +67,7 @@ _FIELDS: dict[str, Any] = {
 SCHEDULE_CREATE = Obj(
     {
         **_FIELDS,
-        "paused": _Bool("created paused: nothing is planned until resume"),
+        "paused": Bool("created paused: nothing is planned until resume"),
         "idempotency_key": Text(1, 255, description="same key, same schedule"),
     },
     checks=[_not_both, _one_timing],
@@ -103,7 +79,7 @@ SCHEDULE_CREATE = Obj(
 )
 
 SCHEDULE_PATCH = Obj(
-    {**_FIELDS, "paused": _Bool("pause (true) or resume (false), as the pause/resume calls")},
+    {**_FIELDS, "paused": Bool("pause (true) or resume (false), as the pause/resume calls")},
     checks=[_something, _not_both],
     extra_schema={"minProperties": 1, "not": {"required": ["cron", "every_s"]}},
     title="SchedulePatch",
@@ -168,26 +144,22 @@ def new_schedule(
     )
 
 
-def schedule_changes(
-    data: dict[str, Any], current_spec: ScheduleSpec, current_options: dict[str, JSONValue]
-) -> ScheduleChanges:
-    """ScheduleChanges from a PATCH body parsed by SCHEDULE_PATCH (timing over the current
-    spec, run options over the current ones)."""
-    options = _run_options(data)
+def schedule_changes(data: dict[str, Any]) -> ScheduleChanges:
+    """ScheduleChanges from a PATCH body parsed by SCHEDULE_PATCH: the timing fields given
+    apply over the current spec, the run options over the current ones (the engine reads
+    both, and checks it read the schedule it changes)."""
+    timing = set(TIMING_FIELDS) & data.keys()
     return ScheduleChanges(
-        spec=_spec(data, current_spec) if set(TIMING_FIELDS) & data.keys() else None,
+        spec=(lambda current: _spec(data, current)) if timing else None,
         queue=data.get("queue"),
         payload_json=payload_json(data["payload"]) if "payload" in data else None,
-        options={**current_options, **options} if options else None,
+        options=_run_options(data) or None,
         catchup=data.get("catchup"),
         catchup_window_ms=_window_ms(data),
         overlap=data.get("overlap"),
         max_runs=data.get("max_runs"),
     )
 
-
-_TIME = {"type": "string", "format": "date-time"}
-_OPT_TIME = {"type": ["string", "null"], "format": "date-time"}
 
 SCHEDULE: Schema = {
     "title": "Schedule",
@@ -199,8 +171,8 @@ SCHEDULE: Schema = {
         "cron": {"type": "string"},
         "timezone": {"type": "string"},
         "every_s": {"type": "number"},
-        "start_at": _OPT_TIME,
-        "end_at": _OPT_TIME,
+        "start_at": OPT_TIME,
+        "end_at": OPT_TIME,
         "max_runs": {"type": ["integer", "null"]},
         "payload": {},
         "catchup": {"type": "string", "enum": list(CATCHUPS)},
@@ -208,11 +180,11 @@ SCHEDULE: Schema = {
         "overlap": {"type": "string", "enum": list(OVERLAPS)},
         "state": {"type": "string", "enum": ["active", "paused", "ended"]},
         "paused": {"type": "boolean"},
-        "next_run_at": _OPT_TIME,
-        "last_run_at": _OPT_TIME,
+        "next_run_at": OPT_TIME,
+        "last_run_at": OPT_TIME,
         "runs_planned": {"type": "integer"},
-        "created_at": _TIME,
-        "updated_at": _TIME,
+        "created_at": TIME,
+        "updated_at": TIME,
         "retry": {"type": "object"},
         "visibility_timeout_s": {"type": "number"},
     },
@@ -261,19 +233,7 @@ SCHEDULE_RUNS: Schema = {
                 "properties": {
                     "run_id": {"type": "string"},
                     "state": {"type": "string"},
-                    "events": {
-                        "type": "array",
-                        "items": {
-                            "type": "object",
-                            "properties": {
-                                "event": {"type": "string"},
-                                "at": _TIME,
-                                "attempt": {"type": ["integer", "null"]},
-                                "reason": {"type": ["string", "null"]},
-                                "error": {"type": ["string", "null"]},
-                            },
-                        },
-                    },
+                    "events": {"type": "array", "items": EVENT},
                 },
             },
         },

@@ -229,8 +229,20 @@ ERROR: Schema = {
     },
 }
 
-_TIME = {"type": "string", "format": "date-time"}
-_OPT_TIME = {"type": ["string", "null"], "format": "date-time"}
+TIME: Schema = {"type": "string", "format": "date-time"}
+OPT_TIME: Schema = {"type": ["string", "null"], "format": "date-time"}
+
+EVENT: Schema = {
+    "type": "object",
+    "properties": {
+        "event": {"type": "string"},
+        "at": TIME,
+        "attempt": {"type": ["integer", "null"]},
+        "reason": {"type": ["string", "null"]},
+        "error": {"type": ["string", "null"]},
+    },
+}
+"""One event of a run's history (routes.event_json)."""
 
 TASK: Schema = {
     "title": "Task",
@@ -242,9 +254,9 @@ TASK: Schema = {
         "queue": {"type": "string"},
         "state": {"type": "string", "enum": list(STATES)},
         "attempt": {"type": "integer"},
-        "run_at": _TIME,
-        "created_at": _TIME,
-        "updated_at": _OPT_TIME,
+        "run_at": TIME,
+        "created_at": TIME,
+        "updated_at": OPT_TIME,
         "payload": {},
         "last_error": {"type": ["string", "null"]},
         "schedule_id": {"type": "string"},
@@ -291,19 +303,7 @@ RUNS_OUT: Schema = {
     "required": ["run_id", "events"],
     "properties": {
         "run_id": {"type": "string"},
-        "events": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "properties": {
-                    "event": {"type": "string"},
-                    "at": _TIME,
-                    "attempt": {"type": ["integer", "null"]},
-                    "reason": {"type": ["string", "null"]},
-                    "error": {"type": ["string", "null"]},
-                },
-            },
-        },
+        "events": {"type": "array", "items": EVENT},
     },
 }
 
@@ -322,8 +322,8 @@ DEAD_PAGE_OUT: Schema = {
                     "attempt": {"type": "integer"},
                     "reason": {"type": "string"},
                     "error": {"type": "string"},
-                    "dead_at": _TIME,
-                    "run_at": _TIME,
+                    "dead_at": TIME,
+                    "run_at": TIME,
                     "payload": {},
                 },
             },
@@ -335,7 +335,7 @@ DEAD_PAGE_OUT: Schema = {
 REPLAY_OUT: Schema = {
     "type": "object",
     "required": ["run_id", "state", "run_at"],
-    "properties": {"run_id": {"type": "string"}, "state": {"type": "string"}, "run_at": _TIME},
+    "properties": {"run_id": {"type": "string"}, "state": {"type": "string"}, "run_at": TIME},
 }
 
 PURGE_OUT: Schema = {

@@ -185,6 +185,32 @@ class Time(Spec):
 
 
 @dataclass
+class NullableTime(Time):
+    """An RFC 3339 time as Time, or null (e.g. PATCH removing a bound)."""
+
+    def parse(self, value: object, name: str) -> int | None:  # type: ignore[override]
+        return None if value is None else super().parse(value, name)
+
+    def schema(self) -> Schema:
+        return {"type": ["string", "null"], "format": "date-time"}
+
+
+@dataclass
+class Bool(Spec):
+    """true or false."""
+
+    description: str = ""
+
+    def parse(self, value: object, name: str) -> bool:
+        if not isinstance(value, bool):
+            raise ValidationError(f"{name} must be true or false", field=name)
+        return value
+
+    def schema(self) -> Schema:
+        return {"type": "boolean"}
+
+
+@dataclass
 class AnyJSON(Spec):
     """Any JSON value, kept as is."""
 
