@@ -27,11 +27,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import httpx
+from common import percentile
 
 from timewheel.client import Client
 from timewheel.redis_server import RedisServer, find_free_port
@@ -40,13 +40,6 @@ RESULTS = Path(__file__).resolve().parent / "results" / "api.json"
 SINGLE_TARGET = 5_000
 BATCH_TARGET = 30_000
 PAYLOAD = "x" * 98  # a JSON string of 100 bytes
-
-
-def percentile(sorted_values: Sequence[float], q: float) -> float:
-    if not sorted_values:
-        return 0.0
-    rank = max(1, -(-len(sorted_values) * q // 100))
-    return sorted_values[int(rank) - 1]
 
 
 def request_bytes(host: str, key: str, path: str, body: bytes) -> bytes:

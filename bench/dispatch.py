@@ -35,12 +35,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import redis.asyncio as aioredis
+from common import percentile
 from rawpipe import RawPipe, create_commands
 
 from timewheel.config import Settings
@@ -71,14 +72,6 @@ def tenant_names(count: int = TENANTS) -> list[str]:
 
 def settings_for(url: str) -> Settings:
     return Settings(redis_url=url, shards=SHARDS)
-
-
-def percentile(sorted_values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile of an ascending list (q in 0..100)."""
-    if not sorted_values:
-        return 0
-    rank = max(1, -(-len(sorted_values) * q // 100))
-    return sorted_values[int(rank) - 1]
 
 
 def plain(engine: Engine) -> aioredis.Redis:

@@ -34,13 +34,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # for tests.postgres
+
+from common import percentile
 
 from tests.postgres import PostgresServer
 from timewheel import pg
@@ -55,14 +56,6 @@ RESULTS = Path(__file__).resolve().parent / "results" / "durability.json"
 SHARDS = 64
 PAYLOAD = '"' + "x" * 98 + '"'  # 100 bytes of JSON
 HOUR_MS = 3_600_000
-
-
-def percentile(sorted_values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile of an ascending list (q in 0..100)."""
-    if not sorted_values:
-        return 0
-    rank = max(1, -(-len(sorted_values) * q // 100))
-    return sorted_values[int(rank) - 1]
 
 
 # -- a. creates/s per appendfsync ------------------------------------------------------

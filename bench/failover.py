@@ -12,15 +12,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import signal
-import subprocess
-import sys
 import tempfile
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
+
+from common import dispatched_runs, percentile, scheduler_process
 
 from timewheel.config import Settings
 from timewheel.engine import Engine, NewTask
@@ -36,36 +35,6 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def percentile(values: list[int], q: float) -> int:
-    if not values:
-        return 0
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(len(ordered) * q / 100))]
-
-
-def start_node(settings: Settings, node: str, log_dir: Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "TIMEWHEEL_PREFIX": settings.prefix, "TIMEWHEEL_SHARDS": str(SHARDS)}
-    log = (log_dir / f"{node}.log").open("wb")
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "timewheel.cli",
-            "scheduler",
-            "--redis-url",
-            settings.redis_url,
-            "--node-id",
-            node,
-            "--lease-ttl-ms",
-            str(TTL_MS),
-            "--log-json",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env=env,
-    )
-
-
 async def holders(engine: Engine) -> list[str | None]:
     pipe = engine.client.pipeline(transaction=False)
     for shard in range(SHARDS):
@@ -74,29 +43,13 @@ async def holders(engine: Engine) -> list[str | None]:
     return [None if r is None else r.decode().rsplit("/", 1)[0] for r in raw]
 
 
-async def read_streams(engine: Engine) -> list[tuple[str, int, int]]:
-    """(run_id, due_ms, dispatched_ms) of every dispatched run."""
-    out = []
-    async for key in engine.client.scan_iter(
-        match=f"{{{engine.settings.prefix}:*}}:q:*", count=1000
-    ):
-        last = "-"
-        while True:
-            entries: Any = await engine.client.xrange(key, min=last, max="+", count=10_000)
-            if last != "-":
-                entries = entries[1:]
-            if not entries:
-                break
-            for _, f in entries:
-                out.append((f[b"run_id"].decode(), int(f[b"due_ms"]), int(f[b"dispatched_ms"])))
-            last = entries[-1][0].decode()
-    return out
-
-
 async def run(args: argparse.Namespace, server: RedisServer, log_dir: Path) -> dict[str, Any]:
     settings = Settings(redis_url=server.url, prefix="fo", shards=SHARDS)
     engine = await Engine.connect(settings)
-    procs = {n: start_node(settings, n, log_dir) for n in NODES}
+    procs = {
+        n: scheduler_process(settings, n, log_dir / f"{n}.log", "--lease-ttl-ms", str(TTL_MS))
+        for n in NODES
+    }
     try:
         deadline = time.monotonic() + 20
         while set(await holders(engine)) != set(NODES):
@@ -132,10 +85,10 @@ async def run(args: argparse.Namespace, server: RedisServer, log_dir: Path) -> d
             await asyncio.sleep(max(0.0, begin + tick * 0.01 - time.monotonic()))
         achieved = len(created) / (time.monotonic() - begin)
         wait_until = time.monotonic() + 20
-        runs = await read_streams(engine)
+        runs = await dispatched_runs(engine)
         while len(runs) < len(created) and time.monotonic() < wait_until:
             await asyncio.sleep(0.5)
-            runs = await read_streams(engine)
+            runs = await dispatched_runs(engine)
     finally:
         for proc in procs.values():
             if proc.poll() is None:

@@ -22,12 +22,12 @@ import argparse
 import asyncio
 import json
 import os
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from common import dispatched_runs, percentile, scheduler_process
 
 from timewheel.config import Settings
 from timewheel.engine import Engine
@@ -41,13 +41,6 @@ WARMUP_S = 5.0
 RESULTS = Path(__file__).resolve().parent / "results" / "schedules.json"
 PAYLOAD = json.dumps({"pad": "x" * 88})  # 100 bytes as JSON text
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-def percentile(values: list[int], q: float) -> int:
-    if not values:
-        return 0
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(len(ordered) * q / 100))]
 
 
 def proc_cpu_s(pid: int) -> float:
@@ -75,49 +68,6 @@ async def create_all(engine: Engine, count: int) -> float:
     return time.perf_counter() - started
 
 
-async def read_runs(engine: Engine) -> dict[str, tuple[int, int]]:
-    """run_id -> (due_ms, dispatched_ms) of every dispatched run."""
-    out: dict[str, tuple[int, int]] = {}
-    async for key in engine.client.scan_iter(
-        match=f"{{{engine.settings.prefix}:*}}:q:*", count=1000
-    ):
-        last = "-"
-        while True:
-            entries: Any = await engine.client.xrange(key, min=last, max="+", count=10_000)
-            if last != "-":
-                entries = entries[1:]
-            if not entries:
-                break
-            for _, f in entries:
-                out[f[b"run_id"].decode()] = (int(f[b"due_ms"]), int(f[b"dispatched_ms"]))
-            last = entries[-1][0].decode()
-    return out
-
-
-def start_scheduler(settings: Settings, log: Path) -> subprocess.Popen[bytes]:
-    env = {
-        **os.environ,
-        "TIMEWHEEL_PREFIX": settings.prefix,
-        "TIMEWHEEL_SHARDS": str(SHARDS),
-    }
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "timewheel.cli",
-            "scheduler",
-            "--redis-url",
-            settings.redis_url,
-            "--node-id",
-            "bench",
-            "--log-json",
-        ],
-        stdout=log.open("wb"),
-        stderr=subprocess.STDOUT,
-        env=env,
-    )
-
-
 async def measure(server: RedisServer, count: int, window_s: float, log: Path) -> dict[str, Any]:
     settings = Settings(redis_url=server.url, prefix=f"s{count}", shards=SHARDS)
     engine = await Engine.connect(settings)
@@ -126,7 +76,7 @@ async def measure(server: RedisServer, count: int, window_s: float, log: Path) -
         await engine.ensure_layout()
         # The scheduler runs first, as in a deployment: creates then place runs in the
         # near level it has promoted, and it dispatches while they are being made.
-        proc = start_scheduler(settings, log)
+        proc = scheduler_process(settings, "bench", log)
         try:
             await asyncio.sleep(2.0)
             create_s = await create_all(engine, count)
@@ -148,7 +98,7 @@ async def measure(server: RedisServer, count: int, window_s: float, log: Path) -
         finally:
             proc.terminate()
             proc.wait(10)
-        runs = await read_runs(engine)
+        runs = {r: (due, sent) for r, due, sent in await dispatched_runs(engine)}
         expected = misses = 0
         lags: list[int] = []
         for sid, spec in specs.items():

@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from common import percentile
+
 from timewheel.config import Settings
 from timewheel.engine import Engine, NewTask
 from timewheel.models import Delivery
@@ -39,13 +41,6 @@ TENANT = "bench"
 def settings_for(url: str) -> Settings:
     # One tenant spread over 16 shards: one worker reads 16 streams, as a heavy tenant would.
     return Settings(redis_url=url, prefix="wb", shards=SHARDS, default_spread=16)
-
-
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(len(ordered) * q / 100))]
 
 
 async def throughput(url: str, runs: int, concurrency: int) -> dict[str, Any]:

@@ -1,0 +1,56 @@
+"""Helpers the bench scripts share: percentiles, a scheduler process, the dispatched runs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from timewheel.config import Settings
+from timewheel.engine import Engine
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100); 0 for no values."""
+    if not values:
+        return 0
+    ordered = sorted(values)  # linear when already sorted
+    rank = max(1, -(-len(ordered) * q // 100))
+    return ordered[int(rank) - 1]
+
+
+def scheduler_process(
+    settings: Settings, node: str, log: Path, *args: str
+) -> subprocess.Popen[bytes]:
+    """`timewheel scheduler --node-id node` on the settings' Redis, prefix and shards, its
+    output in `log`; `args` are further flags (e.g. --lease-ttl-ms)."""
+    env = {
+        **os.environ,
+        "TIMEWHEEL_PREFIX": settings.prefix,
+        "TIMEWHEEL_SHARDS": str(settings.shards),
+    }
+    command = [sys.executable, "-m", "timewheel.cli", "scheduler"]
+    command += ["--redis-url", settings.redis_url, "--node-id", node, "--log-json", *args]
+    return subprocess.Popen(command, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env)
+
+
+async def dispatched_runs(engine: Engine) -> list[tuple[str, int, int]]:
+    """(run_id, due_ms, dispatched_ms) of every entry of every ready stream (standalone)."""
+    out = []
+    async for key in engine.client.scan_iter(
+        match=f"{{{engine.settings.prefix}:*}}:q:*", count=1000
+    ):
+        last = "-"
+        while True:
+            entries: Any = await engine.client.xrange(key, min=last, max="+", count=10_000)
+            if last != "-":
+                entries = entries[1:]
+            if not entries:
+                break
+            for _, f in entries:
+                out.append((f[b"run_id"].decode(), int(f[b"due_ms"]), int(f[b"dispatched_ms"])))
+            last = entries[-1][0].decode()
+    return out
