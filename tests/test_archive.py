@@ -421,3 +421,43 @@ async def test_archiver_takes_a_snapshot_at_once_when_none_is_recent(
 
     assert await snapshots_after_run() == 1  # none yet: one at start
     assert await snapshots_after_run() == 1  # a fresh one exists: the next waits an hour
+
+
+async def test_schedule_history_falls_back_to_postgres_when_the_log_lost_it(
+    engine_pg: tuple[Engine, str],
+) -> None:
+    from timewheel.history import schedule_history
+    from timewheel.schedule import ScheduleSpec
+    from timewheel.schedules import NewSchedule
+
+    engine, dsn = engine_pg
+    sched, _ = await engine.create_schedule(
+        NewSchedule(tenant="t0", spec=ScheduleSpec(every_s=3600))
+    )
+    manual = await engine.trigger_schedule("t0", sched.id)
+    for shard in range(engine.settings.shards):
+        await engine.promote(shard)
+        await engine.tick(shard)
+    in_redis = await schedule_history(engine, sched.id, sched.created_ms)
+    assert [(r.run_id, [e.kind for e in r.events]) for r in in_redis] == [
+        (manual, ["dispatched"])
+    ]
+    await archive_all(engine, dsn)
+    shard = int(sched.id[:3], 16)
+    # Trimmed away (as the cap would, once archived), then one more event in Redis only.
+    await engine.client.delete(engine.keys.events(shard))
+    await engine.client.xadd(
+        engine.keys.events(shard),
+        {"e": "skipped", "id": f"{sched.id}@7200000", "tenant": "t0", "at": 1, "due_ms": 7200000},
+    )
+    merged = await schedule_history(engine, sched.id, sched.created_ms)
+    assert [(r.run_id, [e.kind for e in r.events]) for r in merged] == [
+        (f"{sched.id}@7200000", ["skipped"]),
+        (manual, ["dispatched"]),
+    ]
+    no_pg = Engine(
+        engine.client, test_settings(engine.settings.redis_url, prefix=engine.settings.prefix)
+    )
+    assert [r.run_id for r in await schedule_history(no_pg, sched.id, sched.created_ms)] == [
+        f"{sched.id}@7200000"
+    ]

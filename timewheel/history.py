@@ -117,37 +117,60 @@ async def _from_redis(
 async def _from_postgres(
     dsn: str, tenant: str, run_id: str
 ) -> list[tuple[StreamId, str, RunEvent]]:
-    """The archived events of a run; none if another tenant's events name it.
+    """The archived events of a run; none if another tenant's events name it."""
+    rows = await _archived(dsn, "run_id = %s", run_id)
+    if any(r[8] is not None and r[8] != tenant for r in rows):
+        return []
+    return [(_row_id(r), str(r[2]), _row_event(r)) for r in rows]
+
+
+async def _archived(dsn: str, condition: str, value: str) -> list[tuple[Any, ...]]:
+    """Archived run_events rows matching `condition` (one %s), oldest first: id_ms, id_seq,
+    kind, at_ms, attempt, reason, error, node, tenant, run_id.
 
     One connection per lookup: this is the rare path (history older than the capped log).
     """
     try:
         async with pg.connection(dsn) as conn:
             cur = await conn.execute(
-                "SELECT id_ms, id_seq, kind, at_ms, attempt, reason, error, node, tenant"
-                " FROM run_events WHERE run_id = %s ORDER BY id_ms, id_seq",
-                (run_id,),
+                "SELECT id_ms, id_seq, kind, at_ms, attempt, reason, error, node, tenant, run_id"
+                f" FROM run_events WHERE {condition} ORDER BY id_ms, id_seq",
+                (value,),
             )
-            rows = await cur.fetchall()
+            return list(await cur.fetchall())
     except psycopg.Error as exc:  # pragma: no cover - pg.connection maps these
         raise PostgresUnavailable(f"cannot read archived history: {exc}") from exc
-    if any(r[8] is not None and r[8] != tenant for r in rows):
-        return []
-    return [
-        (
-            (int(str(r[0])), int(str(r[1]))),
-            str(r[2]),
-            RunEvent(
-                kind=str(r[2]),
-                at_ms=int(str(r[3])),
-                attempt=None if r[4] is None else int(str(r[4])),
-                reason=None if r[5] is None else str(r[5]),
-                error=None if r[6] is None else str(r[6]),
-                node=None if r[7] is None else str(r[7]),
-            ),
-        )
-        for r in rows
-    ]
+
+
+def _row_id(r: tuple[Any, ...]) -> StreamId:
+    return int(str(r[0])), int(str(r[1]))
+
+
+def _row_event(r: tuple[Any, ...]) -> RunEvent:
+    return RunEvent(
+        kind=str(r[2]),
+        at_ms=int(str(r[3])),
+        attempt=None if r[4] is None else int(str(r[4])),
+        reason=None if r[5] is None else str(r[5]),
+        error=None if r[6] is None else str(r[6]),
+        node=None if r[7] is None else str(r[7]),
+    )
+
+
+def _schedule_events(entries: Any, prefix: bytes) -> list[tuple[StreamId, str, RunEvent]]:
+    """(entry id, run id, event) of every run whose id starts with `prefix` in `entries`."""
+    found: list[tuple[StreamId, str, RunEvent]] = []
+    for entry_id, f in entries:
+        kind = f[b"e"].decode()
+        if kind == "dispatched":
+            for item in f[b"runs"].split(b","):
+                if item.startswith(prefix):
+                    rid, _, n = item.rpartition(b":")
+                    found.append((_stream_id(entry_id), rid.decode(), _event(kind, f, int(n))))
+        elif f.get(b"id", b"").startswith(prefix):
+            attempt = int(f[b"attempt"]) if b"attempt" in f else None
+            found.append((_stream_id(entry_id), f[b"id"].decode(), _event(kind, f, attempt)))
+    return found
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,13 +181,16 @@ class ScheduleRun:
     events: list[RunEvent]
 
 
-async def schedule_history(engine: Engine, sid: str) -> list[ScheduleRun]:
-    """The runs of schedule `sid` still in its shard's event log, in order of fire time
-    (manual runs last), each with its events oldest first. The caller has checked that
-    the schedule is the tenant's: every run id starting with '<sid>@' is one of its own.
+async def schedule_history(engine: Engine, sid: str, created_ms: int) -> list[ScheduleRun]:
+    """The runs of schedule `sid`, in order of fire time (manual runs last), each with its
+    events oldest first: from the shard's event log, and from PostgreSQL too when a DSN
+    is configured and the log no longer reaches back to the schedule's creation
+    (`created_ms`). The caller has checked that the schedule is the tenant's: every run
+    id starting with '<sid>@' is one of its own.
 
     Raises:
         TaskNotFound: the id is not one of this deployment's.
+        RedisUnavailable: the event log cannot be read.
     """
     shard = ids.shard_of(sid)
     if shard is None or shard >= engine.settings.shards:
@@ -173,20 +199,21 @@ async def schedule_history(engine: Engine, sid: str) -> list[ScheduleRun]:
         entries: Any = await engine.client.xrange(engine.keys.events(shard))
     except (RedisError, OSError) as exc:
         raise RedisUnavailable(f"cannot read the event log: {exc}") from exc
-    prefix = (sid + "@").encode()
+    found = _schedule_events(entries, (sid + "@").encode())
+    dsn = engine.settings.postgres_dsn
+    if dsn and (not entries or _stream_id(entries[0][0])[0] > created_ms):
+        try:
+            rows = await _archived(dsn, "run_id LIKE %s", sid + "@%")
+        except (PostgresUnavailable, ConfigError) as exc:
+            log.warning("history_fallback_failed", schedule_id=sid, error=str(exc))
+            rows = []
+        if rows:
+            newest = _row_id(rows[-1])
+            archived = [(_row_id(r), str(r[9]), _row_event(r)) for r in rows]
+            found = archived + [item for item in found if item[0] > newest]
     runs: dict[str, list[RunEvent]] = {}
-    for _, f in entries:
-        kind = f[b"e"].decode()
-        found: list[tuple[bytes, int | None]] = []
-        if kind == "dispatched":
-            for item in f[b"runs"].split(b","):
-                if item.startswith(prefix):
-                    rid, _, n = item.rpartition(b":")
-                    found.append((rid, int(n)))
-        elif f.get(b"id", b"").startswith(prefix):
-            found.append((f[b"id"], int(f[b"attempt"]) if b"attempt" in f else None))
-        for rid, attempt in found:
-            runs.setdefault(rid.decode(), []).append(_event(kind, f, attempt))
+    for _, run_id, event in found:
+        runs.setdefault(run_id, []).append(event)
 
     def order(run_id: str) -> tuple[int, str]:
         suffix = run_id.rpartition("@")[2]

@@ -80,8 +80,8 @@ async def backfill_schedule(call: Call) -> Response:
 
 async def schedule_runs(call: Call) -> Response:
     sid = call.path["schedule_id"]
-    await call.engine.get_schedule(call.tenant_id, sid)  # the tenant's, or 404
-    runs = await schedule_history(call.engine, sid)
+    schedule = await call.engine.get_schedule(call.tenant_id, sid)  # the tenant's, or 404
+    runs = await schedule_history(call.engine, sid, schedule.created_ms)
     return JSONResponse(
         {
             "schedule_id": sid,
@@ -132,7 +132,7 @@ SCHEDULE_ENDPOINTS = [
              "A run for every fire time in [from, to] (at most 1,000)", body=S.BACKFILL,
              response=S.BACKFILLED),
     Endpoint("GET", _ONE + "/runs", schedule_runs, "getScheduleRuns",
-             "The schedule's runs still in the event log, with their events",
+             "The schedule's runs, with their events (event log, then the archive)",
              response=S.SCHEDULE_RUNS),
 ]
 # fmt: on
