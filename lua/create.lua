@@ -15,6 +15,8 @@
            {0, record}                an idempotent duplicate: the existing record
            {2, run_id}                a random-id collision (not created; practically
                                       never: ids carry 65 random bits)
+  Events:  one 'created' entry per call, for the runs it created: runs =
+           'id:tenant:queue:due_ms,...' (names and ids hold no ':' or ','), at = now.
   Errors:  malformed input is an error reply. ]]
 local rcall = redis.call
 local meta_key, events_key = KEYS[1], KEYS[2]
@@ -33,15 +35,17 @@ if n ~= math.floor(n) or n < 1 or n > 500 then
   return redis.error_reply('ERR timewheel: create takes 1..500 groups of 8 values')
 end
 local now = clock_now_ms(now_override)
-local replies, woken = {}, 0
+local promoted_until = wheel_promoted_until(meta_key)
+local replies, woken, created = {}, 0, {}
 for i = 0, n - 1 do
   local a = FIRST + i * GROUP
   local run_id, tenant, queue = ARGV[a], ARGV[a + 1], ARGV[a + 2]
-  local due_ms
-  if ARGV[a + 3] ~= '' then
-    due_ms = tonumber(ARGV[a + 3])
+  local due_ms, due_text = nil, ARGV[a + 3]
+  if due_text ~= '' then
+    due_ms = tonumber(due_text)
   else
     due_ms = now + tonumber(ARGV[a + 4])
+    due_text = string.format('%d', due_ms)
   end
   local opts = ARGV[a + 6]
   if opts == '' then
@@ -59,14 +63,18 @@ for i = 0, n - 1 do
       replies[i + 1] = { 2, run_id }
     end
   else
-    local wake = wheel_place(tag, meta_key, run_id, tenant, due_ms, bucket_ms)
+    local wake = wheel_place(tag, meta_key, run_id, tenant, due_ms, bucket_ms, promoted_until)
     woken = math.max(woken, wake)
-    -- No payload in the event: the log stays small (it is capped by entries, not
-    -- bytes), and whoever needs the payload of a pending run reads it from the record.
-    event_emit(events_key, event_cap, 'e', 'created', 'id', run_id, 'tenant', tenant,
-      'queue', queue, 'due_ms', due_ms, 'at', now)
+    created[#created + 1] = run_id .. ':' .. tenant .. ':' .. queue .. ':' .. due_text
     replies[i + 1] = { 1, due_ms, wake, now }
   end
+end
+if #created > 0 then
+  -- One entry for the whole call (a batch of 200 costs one XADD, not 200). No payload:
+  -- the log stays small (it is capped by entries, not bytes), and whoever needs the
+  -- payload of a pending run reads it from the record.
+  event_emit(events_key, event_cap, 'e', 'created', 'at', string.format('%d', now),
+    'runs', table.concat(created, ','))
 end
 if woken == 1 and wake_channel ~= '' then
   rcall('PUBLISH', wake_channel, shard)

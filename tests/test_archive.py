@@ -184,12 +184,16 @@ async def test_sigkill_mid_batch_neither_loses_nor_doubles_an_event(
     proc = _archiver(engine.settings, dsn, log)
     try:
         for round_ in range(4):
-            # Keep writing while the archiver works, so a kill finds it inside a batch.
-            await engine.create_many(
-                [
-                    NewTask(tenant=f"t{i % 3}", payload_json=str(round_), delay_ms=60_000)
+            # Keep writing while the archiver works, so a kill finds it inside a batch:
+            # one create call per task, so each is an entry of its own (a batch call
+            # writes one 'created' entry per shard).
+            await asyncio.gather(
+                *(
+                    engine.create_many(
+                        [NewTask(tenant=f"t{i % 3}", payload_json=str(round_), delay_ms=60_000)]
+                    )
                     for i in range(80)
-                ]
+                )
             )
             deadline = time.monotonic() + 30
             before = await _count(dsn)
@@ -228,26 +232,44 @@ async def test_event_log_trimming_never_passes_the_checkpoint(standalone_url: st
     engine = await Engine.connect(test_settings(standalone_url, shards=1, event_log_max=100))
     try:
         events, meta = engine.keys.events(0), engine.keys.meta(0)
-        await engine.create_many([NewTask(tenant="a", delay_ms=60_000) for _ in range(1000)])
+
+        async def log_entries(n: int) -> None:
+            # One create call per task: each call writes one 'created' entry.
+            one = [NewTask(tenant="a", delay_ms=60_000)]
+            await asyncio.gather(*(engine.create_many(one) for _ in range(n)))
+
+        await log_entries(1000)
         assert await engine.client.xlen(events) < 300  # no archiver: capped near 100
         first: Any = await engine.client.xrange(events, count=1)
         # The archiver has stored up to the oldest entry: nothing younger may go.
         await engine.client.hset(meta, mapping={"archived": first[0][0], "archive_cap": 5000})
-        await engine.create_many([NewTask(tenant="a", delay_ms=60_000) for _ in range(1000)])
+        await log_entries(1000)
         still: Any = await engine.client.xrange(events, count=1)
         assert still[0][0] == first[0][0]
         assert await engine.client.xlen(events) > 1000
         # The checkpoint moves on: archived entries are trimmed (whole stream nodes).
         last: Any = await engine.client.xrevrange(events, count=1)
         await engine.client.hset(meta, "archived", last[0][0])
-        await engine.create_many([NewTask(tenant="a", delay_ms=60_000) for _ in range(10)])
+        await log_entries(10)
         assert await engine.client.xlen(events) < 200
         # The hard cap: an archiver gone for good cannot make the log grow without bound.
         await engine.client.hset(meta, mapping={"archived": "0-0", "archive_cap": 400})
-        await engine.create_many([NewTask(tenant="a", delay_ms=60_000) for _ in range(1000)])
+        await log_entries(1000)
         assert await engine.client.xlen(events) < 600
     finally:
         await engine.close()
+
+
+async def test_history_finds_a_run_in_a_batch_created_entry_for_its_tenant_only(
+    standalone_engine: Engine,
+) -> None:
+    engine = standalone_engine
+    made = await engine.create_many(
+        [NewTask(tenant=("a", "b")[i % 2], delay_ms=60_000) for i in range(40)]
+    )
+    mine = made[0].task_id  # tenant a's, in an entry that names runs of b too
+    assert [e.kind for e in await run_history(engine, "a", mine)] == ["created"]
+    assert await run_history(engine, "b", mine) == []
 
 
 async def test_history_falls_back_to_postgres_when_the_log_lost_it(
@@ -336,7 +358,7 @@ async def test_archiver_run_takes_snapshots_every_interval(
         finally:
             stop.set()
             await asyncio.wait_for(running, 10)
-        assert archiver.archived_total == 5
+        assert archiver.archived_total == 1  # entries: one create call of one shard
 
 
 async def test_archiver_rides_through_restarts_of_redis_and_postgres(
@@ -439,9 +461,7 @@ async def test_schedule_history_falls_back_to_postgres_when_the_log_lost_it(
         await engine.promote(shard)
         await engine.tick(shard)
     in_redis = await schedule_history(engine, sched.id, sched.created_ms)
-    assert [(r.run_id, [e.kind for e in r.events]) for r in in_redis] == [
-        (manual, ["dispatched"])
-    ]
+    assert [(r.run_id, [e.kind for e in r.events]) for r in in_redis] == [(manual, ["dispatched"])]
     await archive_all(engine, dsn)
     shard = int(sched.id[:3], 16)
     # Trimmed away (as the cap would, once archived), then one more event in Redis only.

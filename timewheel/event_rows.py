@@ -70,6 +70,26 @@ def _int(fields: dict[bytes, bytes], name: bytes) -> int | None:
     return None if value is None or value == b"" else int(value)
 
 
+def created_runs(fields: dict[bytes, bytes]) -> list[tuple[str, str, str, int]]:
+    """(run_id, tenant, queue, due_ms) of each run a 'created' entry names: one create call
+    writes one entry, runs = 'id:tenant:queue:due_ms,...'. Entries written before that
+    name one run in id, tenant, queue and due_ms fields."""
+    if b"runs" not in fields:
+        run_id = _text(fields, b"id")
+        if run_id is None:
+            return []
+        return [
+            (run_id, _text(fields, b"tenant") or "", _text(fields, b"queue") or "",
+             _int(fields, b"due_ms") or 0)
+        ]  # fmt: skip
+    out = []
+    for item in fields[b"runs"].split(b","):
+        parts = item.split(b":")
+        if len(parts) == 4 and parts[3].isdigit():
+            out.append((parts[0].decode(), parts[1].decode(), parts[2].decode(), int(parts[3])))
+    return out
+
+
 def event_rows(shard: int, entry_id: bytes, fields: dict[bytes, bytes]) -> list[list[Any]]:
     """The run_events rows of one event-log entry (payload and opts left None)."""
     ms, seq = parse_id(entry_id)
@@ -105,6 +125,12 @@ def event_rows(shard: int, entry_id: bytes, fields: dict[bytes, bytes]) -> list[
                 ]
             )
         return rows
+    if kind == "created":
+        return [
+            [shard, ms, seq, run_id, kind, at_ms, tenant, queue, None, due_ms, *common, node,
+             epoch, None, None]
+            for run_id, tenant, queue, due_ms in created_runs(fields)
+        ]  # fmt: skip
     return [
         [
             shard,

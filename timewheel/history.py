@@ -18,6 +18,7 @@ from redis.exceptions import RedisError
 from timewheel import ids, pg
 from timewheel.engine import Engine
 from timewheel.errors import ConfigError, PostgresUnavailable, RedisUnavailable, TaskNotFound
+from timewheel.event_rows import created_runs
 
 log = structlog.get_logger("timewheel.history")
 
@@ -94,13 +95,17 @@ async def _from_redis(
     needle = run_id.encode()
     out: list[tuple[StreamId, str, RunEvent]] = []
     for entry_id, f in entries:
-        # A dispatched event lists runs of several tenants and names none; the run's
-        # other events name its tenant, and a run id is one tenant's (checked below).
+        # A dispatched or created event lists runs of several tenants and names none
+        # (a created one names each run's); the run's other events name its tenant, and
+        # a run id is one tenant's (checked below).
         if b"tenant" in f and f[b"tenant"] != tenant.encode():
             continue
         kind = f[b"e"].decode()
         attempt: int | None = int(f[b"attempt"]) if b"attempt" in f else None
-        if kind == "dispatched":
+        if kind == "created" and b"runs" in f:
+            if not any(rid == run_id and t == tenant for rid, t, _, _ in created_runs(f)):
+                continue
+        elif kind == "dispatched":
             for item in f[b"runs"].split(b","):
                 rid, _, n = item.rpartition(b":")
                 if rid == needle:

@@ -22,11 +22,12 @@ local function wheel_promoted_until(meta)
   return tonumber(redis.call('HGET', meta, 'promoted_until')) or 0
 end
 
--- Put a scheduled run into the level its due time belongs to.
+-- Put a scheduled run into the level its due time belongs to. `promoted_until` may be
+-- passed by a caller that places many runs in one call (it does not change within one).
 -- Returns 1 if it became the earliest thing the scheduler has to act on for this shard
 -- (so a sleeping scheduler should be woken), else 0.
-local function wheel_place(tag, meta, run_id, tenant, due_ms, bucket_ms)
-  if due_ms < wheel_promoted_until(meta) then
+local function wheel_place(tag, meta, run_id, tenant, due_ms, bucket_ms, promoted_until)
+  if due_ms < (promoted_until or wheel_promoted_until(meta)) then
     local due_key = tag .. 'due'
     redis.call('ZADD', tag .. 'near:' .. tenant, due_ms, run_id)
     -- CH counts a new tenant or an earlier earliest: only then can this run be the
@@ -40,13 +41,14 @@ local function wheel_place(tag, meta, run_id, tenant, due_ms, bucket_ms)
     end
     return 0
   end
-  local bucket = due_ms - (due_ms % bucket_ms)
+  -- One integer format instead of three '%.14g' ones when Redis converts the number.
+  local bucket = string.format('%d', due_ms - (due_ms % bucket_ms))
   local wheel = tag .. 'wheel'
   redis.call('HSET', tag .. 'w:' .. bucket, wheel_member(run_id), '')
   if redis.call('ZADD', wheel, bucket, bucket) == 0 then
     return 0  -- the bucket was there already, so it is not a new earliest
   end
-  if tonumber(redis.call('ZRANGE', wheel, 0, 0)[1]) == bucket then
+  if redis.call('ZRANGE', wheel, 0, 0)[1] == bucket then
     return 1
   end
   return 0
