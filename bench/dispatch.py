@@ -83,8 +83,7 @@ def plain(engine: Engine) -> aioredis.Redis:
 
 
 async def load_scripts(engine: Engine) -> None:
-    for script in engine.scripts.all():
-        await engine.client.script_load(script.source)
+    await engine.scripts.library.load(engine.client)
 
 
 async def server_ms(client: aioredis.Redis) -> int:
@@ -221,13 +220,13 @@ async def time_scheduler(engine: Engine, runs: int, timeout_s: float) -> dict[st
     stats = await info_section(client, "commandstats")
     cpu1 = await info_section(client, "cpu")
     persistence1 = await info_section(client, "persistence")
-    calls, usec = stat_usec(stats, "evalsha")
+    calls, usec = stat_usec(stats, "fcall")
     # Commands run inside the scripts are counted too (Redis >= 7): where the Lua time goes.
     inner = sorted(
         (
             (name.removeprefix("cmdstat_"), int(v["calls"]), int(v["usec"]))
             for name, v in stats.items()
-            if isinstance(v, dict) and name != "cmdstat_evalsha"
+            if isinstance(v, dict) and name != "cmdstat_fcall"
         ),
         key=lambda t: -t[2],
     )
@@ -571,7 +570,7 @@ async def lag(url: str, args: argparse.Namespace, work_dir: Path) -> dict[str, A
                 "redis_main_thread_cpu_s": round(
                     sum(float(cpu1[k]) - float(cpu0[k]) for k in MAIN_THREAD_CPU), 2
                 ),
-                "redis_evalsha": stats.get("cmdstat_evalsha"),
+                "redis_fcall": stats.get("cmdstat_fcall"),
                 "commands": {
                     name.removeprefix("cmdstat_"): {"calls": v["calls"], "usec": v["usec"]}
                     for name, v in sorted(stats.items(), key=lambda kv: -int(kv[1]["usec"]))[:14]

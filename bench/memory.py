@@ -8,7 +8,7 @@ are capped (settings.event_log_max), a constant whatever N is, so they are measu
 apart and bytes/task is shown with and without them. Key classes are sized by sampling
 MEMORY USAGE (SAMPLES 0) and OBJECT ENCODING.
 
-Ours is loaded with the EVALSHA calls Engine.create_many pipelines (Engine._prepare
+Ours is loaded with the FCALL calls Engine.create_many pipelines (Engine._prepare
 builds them: same script, keys, arguments), sent on a plain pipelined connection
 (`--loader engine` uses Engine.create_many itself: same bytes, ~2x slower here).
 
@@ -199,8 +199,7 @@ async def load_wheel(url: str, layout: Layout, work: Workload, args: argparse.Na
     settings = Settings(redis_url=url, shards=SHARDS, bucket_ms=layout.bucket_ms)
     engine = await Engine.connect(settings)
     try:
-        for script in engine.scripts.all():  # no NOSCRIPT fallback round trips in the load
-            await engine.client.script_load(script.source)
+        await engine.scripts.library.load(engine.client)  # no load-on-miss in the pipelines
         if layout.near:
             for shard in range(SHARDS):
                 while (await engine.promote(shard, now_ms=work.now_ms)).more:
@@ -224,7 +223,7 @@ async def _create_with_engine(engine: Engine, work: Workload, batch: int, inflig
 
 
 def _create_raw(engine: Engine, work: Workload, batch: int) -> Iterator[list[bytes]]:
-    """The EVALSHA calls Engine.create_many pipelines, same keys and arguments (built by
+    """The FCALL calls Engine.create_many pipelines, same keys and arguments (built by
     Engine._prepare), as protocol bytes: the stored data is identical, and the load is
     not bound by redis-py's command packing (about 50 us a command on this machine)."""
     for chunk in batches(work.items(), batch):
@@ -233,7 +232,7 @@ def _create_raw(engine: Engine, work: Workload, batch: int) -> Iterator[list[byt
             for _, tenant, due, payload in chunk
         ]
         calls, _ = engine.create_calls([engine._prepare(new) for new in news])
-        yield [resp(("EVALSHA", c[0].sha, len(c[1]), *c[1], *c[2])) for c in calls]
+        yield [resp(("FCALL", c[0].function, len(c[1]), *c[1], *c[2])) for c in calls]
 
 
 async def load_raw(url: str, command_batches: Iterator[list[bytes]]) -> None:

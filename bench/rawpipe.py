@@ -86,9 +86,9 @@ class RawPipe:
 
 
 def create_commands(engine: Engine, batch: Sequence[NewTask]) -> tuple[list[bytes], list[str]]:
-    """The EVALSHA calls Engine.create_many would pipeline (one per shard and chunk),
+    """The FCALL calls Engine.create_many would pipeline (one per shard and chunk),
     and the task ids."""
     prepared = [engine._prepare(new) for new in batch]
     calls, _ = engine.create_calls(prepared)
-    commands = [resp(("EVALSHA", c[0].sha, len(c[1]), *c[1], *c[2])) for c in calls]
+    commands = [resp(("FCALL", c[0].function, len(c[1]), *c[1], *c[2])) for c in calls]
     return commands, [p.task_id for p in prepared]

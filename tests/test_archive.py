@@ -201,6 +201,10 @@ async def test_sigkill_mid_batch_neither_loses_nor_doubles_an_event(
                 # Kill only while its transaction is open: rows written, not committed.
                 assert proc.poll() is None, log.read_text()
                 assert time.monotonic() < deadline, log.read_text()
+                # More entries, so an archiver that caught up still has batches to run.
+                await engine.create_many(
+                    [NewTask(tenant="t0", payload_json=str(round_), delay_ms=60_000)]
+                )
             proc.send_signal(signal.SIGKILL)
             proc.wait(10)
             kills += 1

@@ -3,11 +3,24 @@
 from __future__ import annotations
 
 import re
+import shutil
+from pathlib import Path
+from typing import Any
 
 import redis.asyncio as aioredis
 
+from tests.conftest import test_settings
+from timewheel.engine import Engine, NewTask
 from timewheel.record import FIELDS, TaskState
-from timewheel.scripts import OPERATIONS, Script, ScriptCode, header_codes, lua_dir, render
+from timewheel.scripts import (
+    OPERATIONS,
+    Library,
+    ScriptCode,
+    function_name,
+    header_codes,
+    lua_dir,
+    render,
+)
 
 
 def test_every_operation_has_a_contract_header() -> None:
@@ -69,11 +82,52 @@ def test_includes_are_inlined_and_helpers_read_no_keys_or_argv() -> None:
         assert "KEYS[" not in text and "ARGV[" not in text, lib.name
 
 
-async def test_every_script_loads_with_the_sha_we_compute(standalone_url: str) -> None:
+async def test_the_library_loads_and_each_operation_is_one_of_its_functions(
+    standalone_url: str,
+) -> None:
+    library = Library.build()
     client = aioredis.Redis.from_url(standalone_url)
     try:
-        for name in OPERATIONS:
-            script = Script.load(name)
-            assert await client.script_load(script.source) == script.sha
+        await library.load(client)
+        await library.load(client)  # a second load of the same version is not an error
+        listed: Any = await client.execute_command(  # type: ignore[no-untyped-call]
+            "FUNCTION", "LIST", "LIBRARYNAME", library.name
+        )
+        [entry] = [e for e in listed if _field(e, b"library_name") == library.name.encode()]
+        names = {_field(f, b"name").decode() for f in _field(entry, b"functions")}
+        assert names == {function_name(library.version, op) for op in OPERATIONS}
     finally:
         await client.aclose()
+
+
+def test_the_library_version_follows_the_sources(tmp_path: Path) -> None:
+    shutil.copytree(lua_dir(), tmp_path / "lua")
+    before = Library.build(tmp_path / "lua")
+    assert Library.build(tmp_path / "lua") == before
+    tick = tmp_path / "lua" / "tick.lua"
+    tick.write_text(tick.read_text() + "\n-- changed\n")
+    after = Library.build(tmp_path / "lua")
+    assert after.version != before.version and after.name != before.name
+
+
+async def test_a_server_without_the_library_gets_it_on_first_call(standalone_url: str) -> None:
+    """After a FUNCTION FLUSH (a new or emptied server) a call loads the library and
+    runs once, alone and in a pipeline."""
+    engine = await Engine.connect(test_settings(standalone_url, shards=1))
+    try:
+        await engine.client.execute_command("FUNCTION", "FLUSH")
+        [made] = await engine.create_many([NewTask(tenant="a", delay_ms=60_000)])
+        assert (await engine.get("a", made.task_id)).state == "scheduled"
+        await engine.client.execute_command("FUNCTION", "FLUSH")
+        await engine.cancel("a", made.task_id)
+        assert (await engine.get("a", made.task_id)).state == "cancelled"
+    finally:
+        await engine.close()
+
+
+def _field(entry: Any, name: bytes) -> Any:
+    """A field of a FUNCTION LIST reply: a dict (redis-py's callback) or a flat list."""
+    if isinstance(entry, dict):
+        return entry.get(name, entry.get(name.decode()))
+    pairs = dict(zip(entry[::2], entry[1::2], strict=True))
+    return pairs[name]

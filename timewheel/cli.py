@@ -25,7 +25,7 @@ from timewheel.config import Settings
 from timewheel.engine import Engine
 from timewheel.errors import ConfigError, Conflict, TimewheelError, ValidationError
 from timewheel.logs import configure
-from timewheel.scripts import OPERATIONS, Script, ScriptCode, header_codes
+from timewheel.scripts import OPERATIONS, Library, ScriptCode, function_name, header_codes
 from timewheel.serve import serve
 from timewheel.tenants import Limits, TenantStore, new_key
 from timewheel.webhook import WebhookExecutor
@@ -366,27 +366,23 @@ _ARCHIVE_COMMANDS = {
 
 async def _scripts_check(args: argparse.Namespace) -> None:
     expected = {code.value: code.name for code in ScriptCode}
+    library = Library.build()
     for name in OPERATIONS:
-        script = Script.load(name)
         for code, label in header_codes(name).items():
             if expected.get(code) != label:
                 raise ConfigError(f"lua/{name}.lua documents {code} {label}, unknown to ScriptCode")
-        print(f"{name:16} {script.sha}")
+        print(f"{name:18} {function_name(library.version, name)}")
     if args.redis_url:
         from timewheel.redis_client import connect
 
         client = await connect(args.redis_url)
         try:
-            for name in OPERATIONS:
-                script = Script.load(name)
-                sha = await client.script_load(script.source)
-                if sha != script.sha:
-                    raise ConfigError(f"{name}: server computed SHA {sha}, expected {script.sha}")
+            await library.load(client)
         except RedisError as exc:
-            raise ConfigError(f"a script failed to load: {exc}") from exc
+            raise ConfigError(f"library {library.name} failed to load: {exc}") from exc
         finally:
             await client.aclose()
-        print(f"all {len(OPERATIONS)} scripts load on {args.redis_url}")
+        print(f"library {library.name} ({len(OPERATIONS)} functions) loads on {args.redis_url}")
 
 
 def _run_fast(main: Coroutine[Any, Any, None]) -> None:

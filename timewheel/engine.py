@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import RedisError
 
 from timewheel import ids, record
 from timewheel.config import Settings
@@ -230,8 +230,6 @@ class Engine(OutcomeOps, ScheduleOps):
         try:
             return await script(self.client, keys, args)
         except (RedisError, OSError) as exc:
-            if isinstance(exc, NoScriptError):  # pragma: no cover - handled in Script
-                raise
             if "timewheel:" in str(exc):
                 raise
             raise RedisUnavailable(f"{script.name} failed: {exc}") from exc

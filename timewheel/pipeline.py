@@ -1,4 +1,5 @@
-"""Pipelines of script calls: one round trip for many, NOSCRIPT answered by loading.
+"""Pipelines of script calls: one round trip for many; a server without the library
+gets it loaded and the calls it refused sent again.
 
 On standalone Redis the commands are packed by hiredis and sent on one pooled
 connection; on Cluster redis-py's cluster pipeline splits them per node.
@@ -13,11 +14,11 @@ from typing import Any, TypeAlias
 import hiredis
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import NoScriptError, RedisError, ResponseError
+from redis.exceptions import RedisError, ResponseError
 
 from timewheel.errors import RedisUnavailable, ReplicasBehind
 from timewheel.redis_client import SOCKET_TIMEOUT_S, RedisClient
-from timewheel.scripts import Script, ScriptArg
+from timewheel.scripts import Script, ScriptArg, is_missing_function
 
 ScriptCall: TypeAlias = tuple[Script, list[str], list[ScriptArg]]
 """One script call: the script, its KEYS, its ARGV."""
@@ -26,10 +27,11 @@ ScriptCall: TypeAlias = tuple[Script, list[str], list[ScriptArg]]
 async def run_pipeline(
     client: RedisClient, calls: list[ScriptCall], *, replicas: tuple[int, int] | None = None
 ) -> list[Any]:
-    """Run script calls in one pipeline; a NOSCRIPT (after a restart) loads and resends.
+    """Run script calls in one pipeline; calls refused because the server lacks the
+    library (a new or emptied server) load it and are sent again.
 
-    Pipelines are not transactions: a call that failed with NOSCRIPT did not run, so
-    resending it alone is safe; every other call ran exactly once.
+    Pipelines are not transactions: a call refused that way did not run, so resending
+    it alone is safe; every other call ran exactly once.
 
     replicas: (n, timeout_ms): after the calls, WAIT on each connection that carried
     them (WAIT counts the writes of its own connection) until n replicas have them.
@@ -47,7 +49,7 @@ async def run_pipeline(
             raise RedisUnavailable(f"pipeline failed: {exc}") from exc
         missing: list[int] = []
         for i, result in zip(todo, results, strict=True):
-            if isinstance(result, NoScriptError) and attempt == 0:
+            if is_missing_function(result) and attempt == 0:
                 missing.append(i)
             elif isinstance(result, Exception):
                 raise RedisUnavailable(f"{calls[i][0].name} failed: {result}") from result
@@ -57,8 +59,8 @@ async def run_pipeline(
             _check_acks(acks, replicas)  # something was written: it must be replicated
         if not missing:
             break
-        for script in {calls[i][0].sha: calls[i][0] for i in missing}.values():
-            await script.load_everywhere(client)
+        for library in {calls[i][0].library.name: calls[i][0].library for i in missing}.values():
+            await library.load(client)
         todo = missing
     return replies
 
@@ -68,7 +70,7 @@ async def _send(
 ) -> tuple[list[Any], list[Any]]:
     """One pipeline of `calls` (then a WAIT per connection used, when `replicas` is given):
     (the calls' replies, the WAIT replies)."""
-    commands = [("EVALSHA", c[0].sha, len(c[1]), *c[1], *c[2]) for c in calls]
+    commands = [("FCALL", c[0].function, len(c[1]), *c[1], *c[2]) for c in calls]
     if not isinstance(client, RedisCluster):
         wait = [("WAIT", *replicas)] if replicas is not None else []
         results = await _send_packed(client, commands + wait)
