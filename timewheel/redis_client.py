@@ -41,7 +41,6 @@ class _Connection(aioredis.Connection):
             raise ConnectionError(f"Error while writing to {where}: {exc}") from exc
 
 
-
 class FcallRoutingCluster(RedisCluster):
     """RedisCluster that routes FCALL by its first key, as redis-py already does for
     EVALSHA: redis-py otherwise asks the server (COMMAND GETKEYS) on every call, a round
@@ -51,6 +50,7 @@ class FcallRoutingCluster(RedisCluster):
         if command.upper() in ("FCALL", "FCALL_RO") and len(args) >= 3 and int(args[1]) > 0:
             return int(self.keyslot(args[2]))
         return int(await super()._determine_slot(command, *args))
+
 
 def _pool_options(url: str) -> dict[str, Any]:
     """Pool options: our connection class (above); and redis-py's maintenance notifications

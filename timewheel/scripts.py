@@ -135,9 +135,7 @@ class Library:
                 if node is None:
                     await client.execute_command("FUNCTION", "LOAD", self.source)
                 else:
-                    await client.execute_command(
-                        "FUNCTION", "LOAD", self.source, target_nodes=node
-                    )
+                    await client.execute_command("FUNCTION", "LOAD", self.source, target_nodes=node)
             except ResponseError as exc:
                 if "already exists" not in str(exc):
                     raise
