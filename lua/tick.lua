@@ -59,26 +59,16 @@ local function first_score(key)
   return tonumber(first[2])
 end
 
--- Per call, not per run: Redis would format these numbers with '%.14g' on every XADD.
+-- Per call, not per run: Redis would format now with '%.14g' on every XADD.
 local now_text = string.format('%d', now)
-local attempt_text = {}
-for i = 1, 8 do
-  attempt_text[i] = tostring(i)
-end
 
 -- Dispatch one run; returns 'id:attempt' for the event log, or nil if the near entry
 -- was stale (its body gone or no longer scheduled).
 local lags = {}
 local function dispatch(tenant, run_id)
-  local task_id = string.match(run_id, '^[^@]+')
-  local bkey = tag .. 't:' .. string.sub(task_id, -2)  -- body_key, with task_id at hand
-  local field = body_field(run_id)
-  local raw = rcall('HGET', bkey, field)
-  if not raw then
-    return nil
-  end
-  local r = { cmsgpack.unpack(raw) }
-  if r[R_STATE] ~= ST_SCHEDULED then
+  local bkey = body_key(tag, run_id)
+  local r, raw = record_load(bkey, run_id)
+  if r == nil or r[R_STATE] ~= ST_SCHEDULED then
     return nil
   end
   if r[R_OPTS] and string.find(r[R_OPTS], 'expires_at_ms', 1, true) then
@@ -94,15 +84,14 @@ local function dispatch(tenant, run_id)
     return nil
   end
   local attempt = r[R_ATTEMPT] + 1
-  local attempt_s = attempt_text[attempt] or tostring(attempt)
   local stream = tag .. 'q:' .. tenant .. ':' .. r[R_QUEUE]
-  local entry = { 'run_id', run_id, 'task_id', task_id }
+  local entry = { 'run_id', run_id, 'task_id', string.match(run_id, '^[^@]+') }
   if r[R_SCHEDULE] then
     entry[#entry + 1], entry[#entry + 2] = 'schedule_id', r[R_SCHEDULE]
   end
   local n = #entry
   entry[n + 1], entry[n + 2], entry[n + 3], entry[n + 4] = 'tenant', tenant, 'queue', r[R_QUEUE]
-  entry[n + 5], entry[n + 6], entry[n + 7], entry[n + 8] = 'attempt', attempt_s, 'due_ms', r[R_DUE]
+  entry[n + 5], entry[n + 6], entry[n + 7], entry[n + 8] = 'attempt', attempt, 'due_ms', r[R_DUE]
   entry[n + 9], entry[n + 10], entry[n + 11], entry[n + 12] = 'dispatched_ms', now_text,
     'payload', r[R_PAYLOAD]
   if r[R_OPTS] and string.find(r[R_OPTS], 'visibility_timeout_s', 1, true) then
@@ -116,12 +105,12 @@ local function dispatch(tenant, run_id)
     -- State and attempt are the record's first two values, one msgpack byte each
     -- (positive fixints) while attempt < 128: patch them instead of repacking the
     -- whole record (about 4 us of the ~25 us a dispatch costs).
-    rcall('HSET', bkey, field, string.char(ST_DISPATCHED, attempt) .. string.sub(raw, 3))
+    record_put(bkey, run_id, string.char(ST_DISPATCHED, attempt) .. string.sub(raw, 3))
   else
     r[R_STATE], r[R_ATTEMPT] = ST_DISPATCHED, attempt
     record_save(bkey, run_id, r)
   end
-  return run_id .. ':' .. attempt_s
+  return run_id .. ':' .. attempt
 end
 
 -- Serve up to n due runs of one tenant; returns near entries consumed, runs dispatched.
