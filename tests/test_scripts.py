@@ -7,10 +7,12 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import pytest
 import redis.asyncio as aioredis
 
 from tests.conftest import test_settings
 from timewheel.engine import Engine, NewTask
+from timewheel.errors import ConfigError
 from timewheel.record import FIELDS, TaskState
 from timewheel.scripts import (
     OPERATIONS,
@@ -19,7 +21,6 @@ from timewheel.scripts import (
     function_name,
     header_codes,
     lua_dir,
-    render,
 )
 
 
@@ -74,9 +75,13 @@ def test_record_layout_and_states_match_the_lua_side() -> None:
     assert states == {state.name: state.value for state in TaskState}
 
 
-def test_includes_are_inlined_and_helpers_read_no_keys_or_argv() -> None:
-    for name in OPERATIONS:
-        assert "--!include" not in render(name)
+def test_includes_are_resolved_and_helpers_read_no_keys_or_argv(tmp_path: Path) -> None:
+    assert "--!include" not in Library.build().source
+    shutil.copytree(lua_dir(), tmp_path / "lua")
+    tick = tmp_path / "lua" / "tick.lua"
+    tick.write_text(tick.read_text().replace("--!include lib/record.lua", "--!include lib/x.lua"))
+    with pytest.raises(ConfigError, match=r"tick\.lua includes"):
+        Library.build(tmp_path / "lua")
     for lib in (lua_dir() / "lib").glob("*.lua"):
         text = lib.read_text()
         assert "KEYS[" not in text and "ARGV[" not in text, lib.name

@@ -11,8 +11,7 @@ run side by side in a rolling upgrade, each calling its own version. FUNCTION LO
 not spread between Cluster shards: a call that finds no function loads the library on
 every primary and is sent again, so a new node or an emptied server needs no deploy step.
 Each lua/<operation>.lua stays a file of its own with its contract in its header; its
-`--!include` lines name the helpers it uses (`render` inlines them, for reading and
-for the header checks).
+`--!include` lines name the helpers it uses, which the library defines above it.
 """
 
 from __future__ import annotations
@@ -29,7 +28,7 @@ from typing import Any
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ResponseError
 
-from timewheel.errors import InvalidState, LeaseLost, ScriptError, TaskNotFound
+from timewheel.errors import ConfigError, InvalidState, LeaseLost, ScriptError, TaskNotFound
 from timewheel.record import TaskState
 from timewheel.redis_client import RedisClient
 
@@ -83,13 +82,6 @@ def lua_dir() -> Path:
     return Path(__file__).resolve().parent.parent / "lua"
 
 
-def render(name: str, root: Path | None = None) -> str:
-    """The source of one operation with its `--!include` lines replaced by the files."""
-    base = root or lua_dir()
-    source = (base / f"{name}.lua").read_text()
-    return _INCLUDE.sub(lambda m: (base / m.group(1)).read_text(), source)
-
-
 def header_codes(name: str, root: Path | None = None) -> dict[int, str]:
     """The negative codes a script's header documents, as {code: NAME}."""
     source = ((root or lua_dir()) / f"{name}.lua").read_text()
@@ -114,7 +106,7 @@ class Library:
     def build(cls, root: Path | None = None) -> Library:
         base = root or lua_dir()
         helpers = [(base / "lib" / f"{lib}.lua").read_text() for lib in LIBS]
-        bodies = {op: _INCLUDE.sub("", (base / f"{op}.lua").read_text()) for op in OPERATIONS}
+        bodies = {op: _body(base, op) for op in OPERATIONS}
         version = hashlib.sha1("\0".join([*helpers, *bodies.values()]).encode()).hexdigest()[:12]
         parts = [f"#!lua name=timewheel_{version}", *helpers]
         for op, body in bodies.items():
@@ -139,6 +131,16 @@ class Library:
             except ResponseError as exc:
                 if "already exists" not in str(exc):
                     raise
+
+
+def _body(base: Path, op: str) -> str:
+    """An operation's source without its `--!include` lines, which must name helpers of
+    LIBS: the library defines them all above every operation."""
+    source = (base / f"{op}.lua").read_text()
+    unknown = [m for m in _INCLUDE.findall(source) if Path(m).stem not in LIBS]
+    if unknown:
+        raise ConfigError(f"lua/{op}.lua includes {unknown}: not among the helpers {LIBS}")
+    return _INCLUDE.sub("", source)
 
 
 def function_name(version: str, operation: str) -> str:
