@@ -5,7 +5,8 @@
   ARGV[5] bucket_ms   ARGV[6] now_ms override ('' = TIME)   ARGV[7] event log cap
   ARGV[8] wake channel ('' = none)   ARGV[9] shard number (the wake message, sent when a
   run held back by overlap buffer_one is released and is the shard's next action)
-  Derived keys (same tag): t:<xy>, x:<bucket>, expiry, and for a schedule's run s:<sid>
+  Derived keys (same tag): t:<xy>, meta and near:<tenant> (record_sent), x:<bucket>, expiry,
+  and for a schedule's run s:<sid>
   (no longer in flight) and the run it held back, put back in the wheel (meta, near, due).
   Returns: {1}   acknowledged and the run is now succeeded. This includes a late ack of
                  an attempt the reaper had already given up on, while its retry still

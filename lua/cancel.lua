@@ -4,7 +4,7 @@
   KEYS[3] events  STREAM tag..'events'
   ARGV[1] run_id   ARGV[2] tenant   ARGV[3] bucket_ms   ARGV[4] now_ms override ('' = TIME)
   ARGV[5] event log cap
-  Derived keys (same tag): near:<tenant>, w:<bucket>, wheel, x:<bucket>, expiry.
+  Derived keys (same tag): meta, near:<tenant>, w:<bucket>, wheel, x:<bucket>, expiry.
   Returns: {1, record}         cancelled; the record after the change
   Errors:  {-1} NOT_FOUND      no such run for this tenant (another tenant's id included)
            {-2, state}         INVALID_STATE: not scheduled any more ]]

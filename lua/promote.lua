@@ -55,7 +55,7 @@ while true do
   for i = 1, #fields, 2 do
     local run_id = shard_hex .. fields[i]
     ids[#ids + 1] = fields[i]
-    local r = record_load(body_key(tag, run_id), run_id)
+    local r = record_read(body_key(tag, run_id), run_id)
     if r and r[R_STATE] == ST_SCHEDULED then
       rcall('ZADD', tag .. 'near:' .. r[R_TENANT], r[R_DUE], run_id)
       rcall('ZADD', due_key, 'LT', r[R_DUE], r[R_TENANT])

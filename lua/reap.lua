@@ -10,7 +10,7 @@
   ARGV[6] rand seed in [0, 1)   ARGV[7] retry defaults JSON   ARGV[8] bucket_ms
   ARGV[9] now_ms override ('' = TIME)   ARGV[10] event log cap
   Derived keys (same tag): the streams named in KEYS[2], t:<xy>, near:<tenant>, due,
-  w:<bucket>, wheel, dead:<tenant>, lease.
+  w:<bucket>, wheel, dead:<tenant>, lease, and s:<sid> of a schedule's run (record_sent).
   Returns: {retried, buried, examined}
   Errors:  {-3} LEASE_LOST.
   A pending entry idle for longer than its run's visibility timeout (the task's own

@@ -49,7 +49,7 @@ if now < hwm then
 end
 
 local sched_ctx = { tag = tag, now = now, bucket_ms = bucket_ms, misfire_ms = misfire_ms,
-  events_key = events_key, event_cap = event_cap }
+  events_key = events_key, event_cap = event_cap, sent = {} }
 
 local function first_score(key)
   local first = rcall('ZRANGE', key, 0, 0, 'WITHSCORES')
@@ -67,7 +67,7 @@ local now_text = string.format('%d', now)
 local lags = {}
 local function dispatch(tenant, run_id)
   local bkey = body_key(tag, run_id)
-  local r, raw = record_load(bkey, run_id)
+  local r = record_read(bkey, run_id)
   if r == nil or r[R_STATE] ~= ST_SCHEDULED then
     return nil
   end
@@ -101,14 +101,10 @@ local function dispatch(tenant, run_id)
   end
   rcall('XADD', stream, '*', unpack(entry))
   lags[#lags + 1] = now - r[R_DUE]
-  if attempt < 128 then
-    -- State and attempt are the record's first two values, one msgpack byte each
-    -- (positive fixints) while attempt < 128: patch them instead of repacking the
-    -- whole record (about 4 us of the ~25 us a dispatch costs).
-    record_put(bkey, run_id, string.char(ST_DISPATCHED, attempt) .. string.sub(raw, 3))
-  else
-    r[R_STATE], r[R_ATTEMPT] = ST_DISPATCHED, attempt
-    record_save(bkey, run_id, r)
+  -- The record is not rewritten: leaving the near level (serve, below) is what makes
+  -- the run dispatched (record_sent in lib/record.lua).
+  if r[R_SCHEDULE] then
+    sched_ctx.sent[run_id] = true  -- still in the near level until serve's batch ends
   end
   return run_id .. ':' .. attempt
 end

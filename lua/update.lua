@@ -6,7 +6,7 @@
   ARGV[3] run_at_ms ('' = keep)   ARGV[4] delay_ms ('' = keep; used when ARGV[3] is '')
   ARGV[5] payload JSON text ('' = keep)   ARGV[6] bucket_ms   ARGV[7] now_ms override
   ARGV[8] event log cap   ARGV[9] wake channel ('' = none)   ARGV[10] shard number
-  Derived keys (same tag): near:<tenant>, due, w:<bucket>, wheel.
+  Derived keys (same tag): meta, near:<tenant>, due, w:<bucket>, wheel.
   Returns: {1, record, wake}   updated; wake = 1 if the shard's next action moved earlier
   Errors:  {-1} NOT_FOUND      no such run for this tenant
            {-2, state}         INVALID_STATE: not scheduled any more ]]

@@ -10,6 +10,8 @@ from timewheel.engine import Engine, NewTask
 from timewheel.errors import InvalidState, PayloadTooLarge, TaskNotFound, ValidationError
 from timewheel.ids import shard_of
 from timewheel.keys import Keys
+from timewheel.tasklist import list_tasks
+from timewheel.worker import Worker
 
 NOW = 1_800_000_000_000  # a fixed shard clock for deterministic tests (2027-01-15)
 
@@ -314,6 +316,44 @@ async def test_scripts_reload_after_the_server_forgets_them(engine: Engine) -> N
     one = await engine.create(NewTask(tenant="acme", run_at_ms=NOW), now_ms=NOW)
     assert all(r.created for r in [*many, one])
     assert await tick_all(engine, NOW) == 4
+
+
+async def test_a_sent_run_is_dispatched_though_its_record_is_not_rewritten(engine: Engine) -> None:
+    """The tick only takes a run out of the near level; every reader (Lua and Python)
+    derives dispatched, at the next attempt, and the first write records what happened."""
+    await prime(engine)
+    keyed = NewTask(tenant="acme", run_at_ms=NOW, idempotency_key="k")
+    ok = (await engine.create(keyed, now_ms=NOW)).task_id
+    bad = (await engine.create(NewTask(tenant="acme", run_at_ms=NOW), now_ms=NOW)).task_id
+    later = (
+        await engine.create(NewTask(tenant="acme", run_at_ms=NOW + 60_000), now_ms=NOW)
+    ).task_id
+    shard = shard_of(ok)
+    assert shard is not None
+    k = engine.keys
+    stored = await engine.client.hget(k.body(shard, ok), k.body_field(ok))
+    assert await tick_all(engine, NOW) == 2
+    assert await engine.client.hget(k.body(shard, ok), k.body_field(ok)) == stored
+    for run in (ok, bad):
+        task = await engine.get("acme", run)
+        assert (task.state, task.attempt) == ("dispatched", 1)
+    assert (await engine.get("acme", later)).state == "scheduled"
+    listed, _ = await list_tasks(engine, "acme", state="dispatched")
+    assert {t.id for t in listed} == {ok, bad}
+    again = await engine.create(keyed, now_ms=NOW)  # the duplicate answers the run as it is
+    assert again.task is not None and (again.task.state, again.task.attempt) == ("dispatched", 1)
+    worker = Worker(engine, "acme", "default")
+    deliveries = {d.task_id: d for d in await worker.read(block_ms=100)}
+    assert await worker.ack(deliveries[ok])
+    await worker.fail(deliveries[bad], "boom", permanent=True)
+    assert ((await engine.get("acme", ok)).state, (await engine.get("acme", ok)).attempt) == (
+        "succeeded",
+        1,
+    )
+    assert ((await engine.get("acme", bad)).state, (await engine.get("acme", bad)).attempt) == (
+        "dead",
+        1,
+    )
 
 
 async def test_a_record_is_stored_under_its_id_less_what_the_key_implies(engine: Engine) -> None:

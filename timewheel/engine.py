@@ -328,10 +328,17 @@ class Engine(OutcomeOps, ScheduleOps):
     async def get(self, tenant: str, task_id: str) -> Task:
         """The task as stored. Another tenant's id is TaskNotFound, like an unknown one."""
         shard = self._locate(task_id)
+        k = self.keys
+        sid = task_id.split("@", 1)[0] if "@" in task_id else None
         try:
-            raw = await self.client.hget(
-                self.keys.body(shard, task_id), self.keys.body_field(task_id)
-            )
+            # What record_sent (lua/lib/record.lua) reads, in the same round trip: the
+            # keys share the shard's hash tag, so one node on Cluster too.
+            pipe = self.client.pipeline(transaction=False)
+            pipe.hget(k.body(shard, task_id), k.body_field(task_id))
+            pipe.hget(k.meta(shard), "promoted_until")
+            pipe.zscore(k.near(shard, tenant), task_id)
+            pipe.hget(k.schedule(shard, sid or "-"), "held")
+            raw, promoted, score, held = await pipe.execute()
         except (RedisError, OSError) as exc:
             raise RedisUnavailable(f"get failed: {exc}") from exc
         if not isinstance(raw, bytes):
@@ -339,7 +346,35 @@ class Engine(OutcomeOps, ScheduleOps):
         task = record.decode(task_id, raw)
         if task.tenant != tenant:
             raise TaskNotFound(task_id)
+        if task.state == "scheduled" and record.is_sent(
+            task_id, task.due_ms, promoted, score, held
+        ):
+            task = record.decode(task_id, raw, sent=True)
         return task
+
+    async def sent_runs(self, shard: int, tasks: Sequence[Task]) -> set[str]:
+        """The run ids of `tasks` (records read from `shard`) that say scheduled but were
+        sent (lua/lib/record.lua, record_sent): one round trip."""
+        waiting = [t for t in tasks if t.state == "scheduled"]
+        if not waiting:
+            return set()
+        k = self.keys
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            pipe.hget(k.meta(shard), "promoted_until")
+            for t in waiting:
+                pipe.zscore(k.near(shard, t.tenant), t.run_id)
+                # '-' names no schedule: a one-shot run is never held.
+                pipe.hget(k.schedule(shard, t.schedule_id or "-"), "held")
+            replies: list[Any] = await pipe.execute()
+        except (RedisError, OSError) as exc:
+            raise RedisUnavailable(f"cannot read the near level: {exc}") from exc
+        promoted = replies[0]
+        return {
+            t.run_id
+            for i, t in enumerate(waiting)
+            if record.is_sent(t.run_id, t.due_ms, promoted, replies[1 + 2 * i], replies[2 + 2 * i])
+        }
 
     async def cancel(self, tenant: str, task_id: str, *, now_ms: int | None = None) -> Task:
         """Cancel a scheduled task. Raises TaskNotFound, or InvalidState once dispatched."""

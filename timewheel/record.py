@@ -47,13 +47,17 @@ class TaskState(IntEnum):
         return self.name.lower()
 
 
-def decode_fields(raw: bytes) -> list[Any]:
-    """The record's values in FIELDS order (trailing values Lua left out are None)."""
+def decode_fields(raw: bytes, sent: bool = False) -> list[Any]:
+    """The record's values in FIELDS order (trailing values Lua left out are None).
+    `sent`: the run was dispatched though its record says scheduled, at the next attempt
+    (the tick does not rewrite records: lua/lib/record.lua, record_sent)."""
     unpacker = msgpack.Unpacker(raw=False)
     unpacker.feed(raw)
     values: list[Any] = list(unpacker)
     if len(values) < len(FIELDS):
         values.extend([None] * (len(FIELDS) - len(values)))
+    if sent and values[0] == TaskState.SCHEDULED:
+        values[0], values[1] = TaskState.DISPATCHED, values[1] + 1
     return values
 
 
@@ -61,9 +65,9 @@ SCHEDULE_RUN_OPTS = ("catchup", "window_ms", "overlap", "next_ms", "origin")
 """Options the planner copies into a schedule's run for the tick (lua/lib/schedule.lua)."""
 
 
-def decode(run_id: str, raw: bytes) -> Task:
-    """A Task from a stored record."""
-    v = decode_fields(raw)
+def decode(run_id: str, raw: bytes, sent: bool = False) -> Task:
+    """A Task from a stored record (`sent` as in decode_fields)."""
+    v = decode_fields(raw, sent)
     opts = json.loads(v[7]) if v[7] else {}
     if v[10] is not None:
         for name in SCHEDULE_RUN_OPTS:
@@ -83,3 +87,12 @@ def decode(run_id: str, raw: bytes) -> Task:
         last_error=v[9],
         schedule_id=v[10],
     )
+
+
+def is_sent(run_id: str, due_ms: int, promoted_until: Any, near_score: Any, held: Any) -> bool:
+    """lua/lib/record.lua record_sent, from what Redis answered: a run whose record says
+    scheduled was sent if it is due before the shard's promoted_until, no longer in its
+    tenant's near level, and not held back by its schedule."""
+    promoted = int(promoted_until) if promoted_until is not None else 0
+    held_id = held.decode() if isinstance(held, bytes) else held
+    return due_ms < promoted and near_score is None and held_id != run_id

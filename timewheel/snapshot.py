@@ -144,9 +144,12 @@ async def _scan_bodies(
     return out
 
 
-def task_row(snapshot_id: int, shard: int, run_id: bytes, raw: bytes) -> tuple[Any, ...] | None:
-    """The snapshot_tasks row of a record, or None if its state is not copied."""
-    v = record.decode_fields(raw)
+def task_row(
+    snapshot_id: int, shard: int, run_id: bytes, raw: bytes, *, sent: bool = False
+) -> tuple[Any, ...] | None:
+    """The snapshot_tasks row of a record (`sent`: dispatched though it says scheduled,
+    see Engine.sent_runs), or None if its state is not copied."""
+    v = record.decode_fields(raw, sent)
     if v[0] not in SNAPSHOT_STATES:
         return None
     return (
@@ -225,8 +228,15 @@ async def _copy_tasks(
     async with cur.copy(f"COPY snapshot_tasks ({', '.join(TASK_COLUMNS)}) FROM STDIN") as copy:
         for i in range(0, len(BODY_SUFFIXES), KEYS_PER_ROUND_TRIP):
             keys = [f"{tag}t:{xy}" for xy in BODY_SUFFIXES[i : i + KEYS_PER_ROUND_TRIP]]
-            for run_id, raw in await _scan_bodies(engine, shard, keys):
-                row = task_row(snapshot_id, shard, run_id, raw)
+            found = await _scan_bodies(engine, shard, keys)
+            waiting = [
+                record.decode(run_id.decode(), raw)
+                for run_id, raw in found
+                if raw[:1] == bytes([TaskState.SCHEDULED])
+            ]
+            sent = await engine.sent_runs(shard, waiting)
+            for run_id, raw in found:
+                row = task_row(snapshot_id, shard, run_id, raw, sent=run_id.decode() in sent)
                 if row is not None:
                     await copy.write_row(row)
                     count += 1

@@ -93,6 +93,7 @@ async def list_tasks(
             replies: list[Any] = await pipe.execute()
         except (RedisError, OSError) as exc:
             raise RedisUnavailable(f"cannot list tasks: {exc}") from exc
+        sent = await engine.sent_runs(shard, _tenant_waiting(engine, shard, span, replies, tenant))
         for i, (bucket, (next_hscan, entries)) in enumerate(zip(span, replies, strict=True)):
             visited += 1
             examined += len(entries)
@@ -105,7 +106,7 @@ async def list_tasks(
             for run_id in sorted(found):
                 if after and run_id <= after:
                     continue
-                task = record.decode(run_id, found[run_id])
+                task = record.decode(run_id, found[run_id], sent=run_id in sent)
                 if not _keep(task, tenant, queue, state):
                     continue
                 out.append(task)
@@ -123,3 +124,19 @@ async def list_tasks(
     if pos.shard_index >= len(shards):
         return out, None
     return out, f"{pos.shard_index}.{pos.bucket}.{pos.hscan}.{pos.after}"
+
+
+def _tenant_waiting(
+    engine: Engine, shard: int, span: range, replies: list[Any], tenant: str
+) -> list[Task]:
+    """The tenant's records in `replies` that say scheduled (a record's first byte is its
+    state): which of them were sent is read from the near level (Engine.sent_runs)."""
+    out = []
+    for bucket, (_, entries) in zip(span, replies, strict=True):
+        key = engine.keys.tag(shard) + "t:" + _suffix(bucket)
+        for f, raw in entries.items():
+            if raw[:1] == bytes([record.TaskState.SCHEDULED]):
+                task = record.decode(engine.keys.run_id_in_body(shard, key, f.decode()), raw)
+                if task.tenant == tenant:
+                    out.append(task)
+    return out

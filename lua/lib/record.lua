@@ -26,12 +26,39 @@ local function body_field(run_id)
   return string.sub(run_id, 4, -3)
 end
 
-local function record_load(bkey, run_id)
+-- A record as stored. The wheel's own moves (tick, promote) read this way: the runs
+-- they handle are in the wheel, scheduled by definition.
+local function record_read(bkey, run_id)
   local raw = redis.call('HGET', bkey, body_field(run_id))
   if not raw then
     return nil, nil
   end
   return { cmsgpack.unpack(raw) }, raw
+end
+
+-- Whether a run whose record says scheduled has been sent. The tick does not rewrite a
+-- record when it sends the run (that 200-byte rewrite was a third of a dispatch): it
+-- only takes the run out of its tenant's near level. So a scheduled run due before the
+-- shard's promoted_until (the near level's span; later runs wait in far buckets, which
+-- the tick never reads) that is no longer in the near level, and is not held back by
+-- its schedule's overlap policy, is out at its next attempt. Every move that puts a
+-- run back (retry, release, replay, reschedule) places it in the wheel in the same call.
+local function record_sent(tag, run_id, r)
+  local promoted = tonumber(redis.call('HGET', tag .. 'meta', 'promoted_until')) or 0
+  if r[R_DUE] >= promoted or redis.call('ZSCORE', tag .. 'near:' .. r[R_TENANT], run_id) then
+    return false
+  end
+  return not (r[R_SCHEDULE] and redis.call('HGET', tag .. 's:' .. r[R_SCHEDULE], 'held') == run_id)
+end
+
+-- A record as it is: a sent run says dispatched, at the attempt it was sent with
+-- (r.sent marks the difference from what is stored; record_save writes it).
+local function record_load(bkey, run_id)
+  local r, raw = record_read(bkey, run_id)
+  if r and r[R_STATE] == ST_SCHEDULED and record_sent(string.sub(bkey, 1, -5), run_id, r) then
+    r[R_STATE], r[R_ATTEMPT], r.sent = ST_DISPATCHED, r[R_ATTEMPT] + 1, true
+  end
+  return r, raw
 end
 
 -- Write a packed record only if the run has none: 1 if written, 0 if one was there.

@@ -135,9 +135,9 @@ local function schedule_run_finished(tag, sid, run_id, now, bucket_ms)
   if not held then
     return 0
   end
-  redis.call('HDEL', skey, 'held')
   local hkey = body_key(tag, held)
-  local h = record_load(hkey, held)
+  local h = record_load(hkey, held)  -- while still held: out of the wheel, not sent
+  redis.call('HDEL', skey, 'held')
   if h and h[R_STATE] == ST_SCHEDULED then
     h[R_DUE], h[R_UPDATED] = now, now
     record_save(hkey, held, h)
@@ -168,7 +168,9 @@ local function schedule_admit(ctx, bkey, run_id, r)
   local skey = schedule_key(ctx.tag, sid)
   if o.overlap == 'skip' or o.overlap == 'buffer_one' then
     local inflight = redis.call('HGET', skey, 'inflight')
-    if inflight and inflight ~= run_id and schedule_run_live(ctx.tag, inflight) then
+    -- ctx.sent: runs this tick call sent, still in the near level until its batch ends.
+    if inflight and inflight ~= run_id and ((ctx.sent and ctx.sent[inflight])
+        or schedule_run_live(ctx.tag, inflight)) then
       if o.overlap == 'buffer_one' then
         local held = redis.call('HGET', skey, 'held')
         local h = held and record_load(body_key(ctx.tag, held), held)
