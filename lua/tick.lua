@@ -6,16 +6,19 @@
           for about 10 us per run, so 1000 keeps a tick near 10 ms)
   ARGV[2] now_ms override ('' = TIME)   ARGV[3] node ('' = unfenced)   ARGV[4] epoch
   ARGV[5] event log cap   ARGV[6] misfire_ms   ARGV[7] bucket_ms
+  ARGV[8] lag histogram bounds, ms ascending, comma-separated ('' = one bucket)
   Derived keys (same tag): near:<tenant>, t:<xy>, q:<tenant>:<queue>, lease, wheel,
   dead:<tenant> (a run past its expires_at is dead-lettered, reason expired, not sent),
   s:<sid>, sr:<sid>, x:<bucket>, expiry (a schedule's run may be skipped: misfire past
   misfire_ms under its catchup policy, or overlap; see lib/schedule.lua).
   Returns: {dispatched, next_due_ms, now_ms, clock_back_ms, next_bucket_ms, promoted_until,
-           consumed, {tenant, count, ...}, {lag_ms, ...}, backlog}
+           consumed, {tenant, count, ...}, {count, ...}, backlog, lag_sum_ms}
            next_due_ms / next_bucket_ms are -1 when nothing waits; consumed (near entries
            taken, stale ones included) = limit means more may be due now; the lists give
-           runs dispatched per tenant and each run's lag (now - due_ms) for metrics;
-           backlog counts runs still due after this call (0 unless consumed = limit).
+           runs dispatched per tenant and, for metrics, how many runs' lag (now - due_ms)
+           fell in each bucket: lag <= bound i for the i-th count, one more count past the
+           last bound; lag_sum_ms adds up the lags. backlog counts runs still due after
+           this call (0 unless consumed = limit).
   Errors:  {-3} LEASE_LOST: ARGV[3] no longer holds the shard at epoch ARGV[4].
   Fairness: deficit round robin with unit cost. Each round gives every tenant with due
   runs an equal share of what is left of the limit, so one tenant's backlog due in the
@@ -59,54 +62,95 @@ local function first_score(key)
   return tonumber(first[2])
 end
 
--- Per call, not per run: Redis would format now with '%.14g' on every XADD.
+-- Numbers become text once per call, not per run: Lua's own conversion (and Redis' of a
+-- number argument) goes through '%.14g'/'%.17g', about 0.3 us each.
 local now_text = string.format('%d', now)
+local attempt_texts = {}
+local function attempt_text(n)
+  local t = attempt_texts[n]
+  if t == nil then
+    t = string.format('%d', n)
+    attempt_texts[n] = t
+  end
+  return t
+end
+
+-- Lag of each dispatched run (now - due_ms), counted into the buckets of ARGV[8]: the
+-- reply carries a histogram, not one number per run.
+local lag_bounds = {}
+for v in string.gmatch(ARGV[8], '[^,]+') do
+  lag_bounds[#lag_bounds + 1] = tonumber(v)
+end
+local lag_buckets = #lag_bounds
+local lag_counts, lag_sum = {}, 0
+for i = 1, lag_buckets + 1 do
+  lag_counts[i] = 0
+end
+
+-- The envelope (DESIGN.md section 6), one table refilled for every run.
+local entry = { 'run_id', '', 'task_id', '', 'tenant', '', 'queue', '', 'attempt', '',
+  'due_ms', '', 'dispatched_ms', now_text, 'payload', '' }
+local ENTRY_BASE = #entry
 
 -- Dispatch one run; returns 'id:attempt' for the event log, or nil if the near entry
--- was stale (its body gone or no longer scheduled).
-local lags = {}
-local function dispatch(tenant, run_id)
-  local bkey = body_key(tag, run_id)
-  local r = record_read(bkey, run_id)
-  if r == nil or r[R_STATE] ~= ST_SCHEDULED then
+-- was stale (its body gone or no longer scheduled). The record is decoded into locals
+-- and rebuilt as a table only for the checks that need one (expiry, schedules).
+local function dispatch(tenant, run_id, streams)
+  local task_id, bkey, field = run_place(tag, run_id)
+  local raw = rcall('HGET', bkey, field)
+  if not raw then
     return nil
   end
-  if r[R_OPTS] and string.find(r[R_OPTS], 'expires_at_ms', 1, true) then
-    local expires = cjson.decode(r[R_OPTS]).expires_at_ms
+  local state, attempt, due, _, queue, _, payload, opts, _, _, sid = cmsgpack.unpack(raw)
+  if state ~= ST_SCHEDULED then
+    return nil
+  end
+  local r
+  if opts and string.find(opts, 'expires_at_ms', 1, true) then
+    local expires = cjson.decode(opts).expires_at_ms
     if expires and now > expires then
+      r = { cmsgpack.unpack(raw) }
       retry_or_bury(tag, bkey, run_id, r, { now = now, defaults = {}, permanent = true,
         error = 'not dispatched before expires_at', reason = 'expired',
         events_key = events_key, event_cap = event_cap, bucket_ms = bucket_ms })
       return nil
     end
   end
-  if r[R_SCHEDULE] and not schedule_admit(sched_ctx, bkey, run_id, r) then
+  if sid and not schedule_admit(sched_ctx, bkey, run_id, r or { cmsgpack.unpack(raw) }) then
     return nil
   end
-  local attempt = r[R_ATTEMPT] + 1
-  local stream = tag .. 'q:' .. tenant .. ':' .. r[R_QUEUE]
-  local entry = { 'run_id', run_id, 'task_id', string.match(run_id, '^[^@]+') }
-  if r[R_SCHEDULE] then
-    entry[#entry + 1], entry[#entry + 2] = 'schedule_id', r[R_SCHEDULE]
+  local sent_attempt = attempt_text(attempt + 1)
+  local stream = streams[queue]
+  if stream == nil then
+    stream = tag .. 'q:' .. tenant .. ':' .. queue
+    streams[queue] = stream
   end
-  local n = #entry
-  entry[n + 1], entry[n + 2], entry[n + 3], entry[n + 4] = 'tenant', tenant, 'queue', r[R_QUEUE]
-  entry[n + 5], entry[n + 6], entry[n + 7], entry[n + 8] = 'attempt', attempt, 'due_ms', r[R_DUE]
-  entry[n + 9], entry[n + 10], entry[n + 11], entry[n + 12] = 'dispatched_ms', now_text,
-    'payload', r[R_PAYLOAD]
-  if r[R_OPTS] and string.find(r[R_OPTS], 'visibility_timeout_s', 1, true) then
+  entry[2], entry[4], entry[6], entry[8] = run_id, task_id, tenant, queue
+  entry[10], entry[12], entry[16] = sent_attempt, string.format('%d', due), payload
+  local n = ENTRY_BASE
+  if sid then
+    entry[n + 1], entry[n + 2], n = 'schedule_id', sid, n + 2
+  end
+  if opts and string.find(opts, 'visibility_timeout_s', 1, true) then
     -- Only a task with its own visibility timeout carries it, for the executor's heartbeat.
-    entry[n + 13] = 'visibility_timeout_ms'
-    entry[n + 14] = math.floor(cjson.decode(r[R_OPTS]).visibility_timeout_s * 1000)
+    entry[n + 1] = 'visibility_timeout_ms'
+    entry[n + 2] = string.format('%d', cjson.decode(opts).visibility_timeout_s * 1000)
+    n = n + 2
   end
-  rcall('XADD', stream, '*', unpack(entry))
-  lags[#lags + 1] = now - r[R_DUE]
+  rcall('XADD', stream, '*', unpack(entry, 1, n))
+  local lag = now - due
+  lag_sum = lag_sum + lag
+  local b = 1
+  while b <= lag_buckets and lag > lag_bounds[b] do
+    b = b + 1
+  end
+  lag_counts[b] = lag_counts[b] + 1
   -- The record is not rewritten: leaving the near level (serve, below) is what makes
   -- the run dispatched (record_sent in lib/record.lua).
-  if r[R_SCHEDULE] then
+  if sid then
     sched_ctx.sent[run_id] = true  -- still in the near level until serve's batch ends
   end
-  return run_id .. ':' .. attempt
+  return run_id .. ':' .. sent_attempt
 end
 
 -- Serve up to n due runs of one tenant; returns near entries consumed, runs dispatched.
@@ -119,9 +163,9 @@ local function serve(tenant, n)
   if #ids == 0 then
     return 0, 0
   end
-  local sent = 0
+  local sent, streams = 0, {}
   for i = 1, #ids do
-    local done = dispatch(tenant, ids[i])
+    local done = dispatch(tenant, ids[i], streams)
     if done then
       runs[#runs + 1] = done
       sent = sent + 1
@@ -188,4 +232,4 @@ if consumed >= limit then
 end
 local promoted_until = tonumber(rcall('HGET', meta_key, 'promoted_until')) or 0
 return { dispatched, first_score(due_key), now, clock_back, first_score(tag .. 'wheel'),
-  promoted_until, consumed, counts, lags, backlog }
+  promoted_until, consumed, counts, lag_counts, backlog, lag_sum }

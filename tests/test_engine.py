@@ -10,6 +10,7 @@ from timewheel.engine import Engine, NewTask
 from timewheel.errors import InvalidState, PayloadTooLarge, TaskNotFound, ValidationError
 from timewheel.ids import shard_of
 from timewheel.keys import Keys
+from timewheel.models import LAG_BUCKETS_MS
 from timewheel.tasklist import list_tasks
 from timewheel.worker import Worker
 
@@ -182,6 +183,24 @@ async def test_tick_writes_the_full_envelope(engine: Engine) -> None:
     assert (d.tenant, d.queue, d.attempt) == ("acme", "hooks", 1)
     assert (d.due_ms, d.dispatched_ms) == (NOW + 50, NOW + 80)
     assert d.payload == {"url": "http://x"}
+
+
+async def test_tick_counts_each_runs_lag_into_the_histogram_buckets(engine: Engine) -> None:
+    await prime(engine, NOW - 200_000)
+    lags = [0, 2, 3, 7, 30, 1000, 100_000]  # bounds are inclusive; 100 s is past them all
+    for lag in lags:
+        await engine.create(NewTask(tenant="acme", run_at_ms=NOW - lag), now_ms=NOW - 200_000)
+    await prime(engine)
+    counts = [0] * (len(LAG_BUCKETS_MS) + 1)
+    total = 0
+    for shard in range(engine.settings.shards):
+        res = await engine.tick(shard, now_ms=NOW)
+        assert len(res.lag_counts) == len(counts) and sum(res.lag_counts) == res.dispatched
+        counts = [a + b for a, b in zip(counts, res.lag_counts, strict=True)]
+        total += res.lag_sum_ms
+    by_bound = dict(zip([*LAG_BUCKETS_MS, "inf"], counts, strict=True))
+    assert by_bound == {**dict.fromkeys(by_bound, 0), 2: 2, 5: 1, 10: 1, 50: 1, 1000: 1, "inf": 1}
+    assert total == sum(lags)
 
 
 async def test_far_future_runs_wait_in_buckets_until_promoted(engine: Engine) -> None:

@@ -31,7 +31,14 @@ from timewheel.errors import (
     ValidationError,
 )
 from timewheel.keys import Keys
-from timewheel.models import CreateResult, JSONValue, PromoteResult, Task, TickResult
+from timewheel.models import (
+    LAG_BUCKETS_MS,
+    CreateResult,
+    JSONValue,
+    PromoteResult,
+    Task,
+    TickResult,
+)
 from timewheel.outcomes import OutcomeOps
 from timewheel.pipeline import ScriptCall, run_pipeline
 from timewheel.redis_client import RedisClient, connect
@@ -53,6 +60,9 @@ def validate_name(value: object, field_name: str) -> str:
 
 CREATE_CHUNK = 200
 """Most tasks one create.lua call carries (keeps a call near a few ms)."""
+
+_LAG_BOUNDS = ",".join(str(b) for b in LAG_BUCKETS_MS)
+"""tick.lua's ARGV[8]: the lag histogram's bounds, counted inside the call."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -474,6 +484,7 @@ class Engine(OutcomeOps, ScheduleOps):
                 s.event_log_max,
                 s.misfire_ms,
                 s.bucket_ms,
+                _LAG_BOUNDS,
             ],
         )
 
@@ -491,8 +502,9 @@ class Engine(OutcomeOps, ScheduleOps):
             per_tenant={
                 reply[7][i].decode(): int(reply[7][i + 1]) for i in range(0, len(reply[7]), 2)
             },
-            lags_ms=[int(v) for v in reply[8]],
+            lag_counts=[int(v) for v in reply[8]],
             backlog=int(reply[9]),
+            lag_sum_ms=int(reply[10]),
         )
 
     async def promote(

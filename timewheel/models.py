@@ -83,6 +83,10 @@ class CreateResult:
     """The created time the record holds (shard clock), for a new task."""
 
 
+LAG_BUCKETS_MS: tuple[int, ...] = (2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 60000)
+"""Upper bounds (inclusive) of the dispatch lag histogram a tick counts into."""
+
+
 @dataclass(frozen=True, slots=True)
 class TickResult:
     """One tick of one shard."""
@@ -101,8 +105,11 @@ class TickResult:
     promoted_until_ms: int
     per_tenant: dict[str, int] = field(default_factory=dict)
     """Runs dispatched per tenant."""
-    lags_ms: list[int] = field(default_factory=list)
-    """Each dispatched run's lag: the tick's clock minus its due time."""
+    lag_counts: list[int] = field(default_factory=list)
+    """Dispatched runs by lag (the tick's clock minus the due time): the i-th count is of
+    lags <= LAG_BUCKETS_MS[i], the last of lags past every bound."""
+    lag_sum_ms: int = 0
+    """The dispatched runs' lags added up."""
     backlog: int = 0
     """Runs still due after the call (counted only when the call hit its limit)."""
 

@@ -7,23 +7,31 @@ local ST_SCHEDULED, ST_DISPATCHED, ST_SUCCEEDED, ST_CANCELLED, ST_DEAD = 0, 1, 2
 -- A schedule's run that was not sent: misfire or overlap (DESIGN.md section 7).
 local ST_SKIPPED = 5
 
--- The body hash of a run: 't:' plus the last two characters of the task id part of the
--- run id (before any '@'), so a run is found from its id alone and a shard's bodies
--- spread over 32*32 listpack-sized hashes.
-local function body_key(tag, run_id)
-  local base = string.match(run_id, '^[^@]+')
-  return tag .. 't:' .. string.sub(base, -2)
-end
-
--- A run's field in its body hash: the run id without the 3 shard characters and the 2
--- that chose the hash (the key implies all five): 5 bytes of every record.
+-- Where a run lives, in one pass over its id: its task id (the run id before any '@'),
+-- its body hash and its field there.
+-- The body hash is 't:' plus the last two characters of the task id, so a run is found
+-- from its id alone and a shard's bodies spread over 32*32 listpack-sized hashes.
+-- The field is the run id without the 3 shard characters and the 2 that chose the hash
+-- (the key implies all five): 5 bytes of every record.
 -- '03f1gy61ezezgb00' -> '1gy61ezezgb', '03f1gy61ezezgb00@1795979241606' -> '1gy61ezezgb@1795979241606'
-local function body_field(run_id)
+local function run_place(tag, run_id)
   local at = string.find(run_id, '@', 1, true)
   if at then
-    return string.sub(run_id, 4, at - 3) .. string.sub(run_id, at)
+    local task_id = string.sub(run_id, 1, at - 1)
+    return task_id, tag .. 't:' .. string.sub(task_id, -2),
+      string.sub(run_id, 4, at - 3) .. string.sub(run_id, at)
   end
-  return string.sub(run_id, 4, -3)
+  return run_id, tag .. 't:' .. string.sub(run_id, -2), string.sub(run_id, 4, -3)
+end
+
+local function body_key(tag, run_id)
+  local _, key = run_place(tag, run_id)
+  return key
+end
+
+local function body_field(run_id)
+  local _, _, field = run_place('', run_id)
+  return field
 end
 
 -- A record as stored. The wheel's own moves (tick, promote) read this way: the runs
