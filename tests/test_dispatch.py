@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
+from typing import Any
 
 from tests.conftest import test_settings
 from tests.helpers import all_deliveries, running_scheduler
 from timewheel.engine import Engine, NewTask
-from timewheel.models import Delivery
+from timewheel.models import Delivery, TickResult
 from timewheel.worker import Worker
 
 
@@ -120,5 +121,38 @@ async def test_worker_reads_every_shard_of_a_spread_tenant(redis_url: str) -> No
         assert states == {"succeeded"}
         # Acknowledged entries are gone from the streams: nothing unacked is lost.
         assert sum([await engine.client.xlen(s) for s in worker.streams]) == 0
+    finally:
+        await engine.close()
+
+
+async def test_a_backlog_drains_in_bounded_pipelines_each_run_once(redis_url: str) -> None:
+    # 8 shards of 600 runs each, due now; ticks of 200 runs, pipelines expecting <= 400.
+    engine = await Engine.connect(
+        test_settings(redis_url, default_spread=8, tick_batch=200, tick_pipeline_runs=400)
+    )
+    pipelines: list[int] = []  # runs each pipeline of tick calls dispatched
+    tick_many = engine.tick_many
+
+    async def counted(shards: Any, *, node: str = "") -> Any:
+        out = await tick_many(shards, node=node)
+        pipelines.append(sum(r.dispatched for r in out if isinstance(r, TickResult)))
+        return out
+
+    engine.tick_many = counted  # type: ignore[method-assign]
+    try:
+        created = []
+        for _ in range(6):
+            created += await engine.create_many([NewTask(tenant="big", delay_ms=0)] * 800)
+        async with running_scheduler(engine) as scheduler:
+            deadline = time.monotonic() + 20
+            while scheduler.counters.dispatched < 4800 and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.3)  # let any duplicate show itself
+        counts = Counter(d.run_id for d in await all_deliveries(engine))
+        assert set(counts) == {c.task_id for c in created} and max(counts.values()) == 1
+        # The first pass knows nothing of the backlog: one pipeline of 8 shards x 200.
+        # From then on each pipeline expects at most 400 runs: 2 shards that took 200.
+        assert pipelines[0] == 1600
+        assert max(pipelines[1:]) <= 400 and sum(pipelines) == 4800
     finally:
         await engine.close()

@@ -48,6 +48,8 @@ class ShardState:
     next_expire_ms: float = 0.0
     next_reap_ms: float = 0.0
     next_plan_ms: float = 0.0
+    last_consumed: int = 0
+    """Near entries the shard's last tick took: what its next tick is expected to take."""
 
 
 @dataclass(slots=True)
@@ -120,6 +122,31 @@ class Scheduler:
         return dispatched
 
     async def _tick_all(self, shards: list[int]) -> list[TickResult]:
+        """Tick the shards in as few pipelines as `tick_pipeline_runs` allows, one after
+        another: one round trip while little is due, bounded ones through a backlog."""
+        out: list[TickResult] = []
+        for group in self._tick_groups(shards):
+            out.extend(await self._tick_pipeline(group))
+        return out
+
+    def _tick_groups(self, shards: list[int]) -> list[list[int]]:
+        """Split shards into pipelines by the runs each is expected to dispatch (what its
+        last tick took): each pipeline expects at most tick_pipeline_runs, or holds one shard."""
+        budget = self.engine.settings.tick_pipeline_runs
+        groups: list[list[int]] = []
+        expected = 0
+        for shard in shards:
+            st = self.state.get(shard)
+            if st is None:
+                continue
+            if not groups or expected + st.last_consumed > budget:
+                groups.append([])
+                expected = 0
+            groups[-1].append(shard)
+            expected += st.last_consumed
+        return groups
+
+    async def _tick_pipeline(self, shards: list[int]) -> list[TickResult]:
         """Tick the shards in one pipeline: one round trip, whatever their number."""
         wanted = [(s, self.state[s].epoch) for s in shards if s in self.state]
         sent = _local_ms()
@@ -152,6 +179,7 @@ class Scheduler:
         st = self.state.get(res.shard)
         if st is None:
             return
+        st.last_consumed = res.consumed
         if res.consumed >= self.engine.settings.tick_batch:
             st.next_tick_ms = 0.0  # a backlog is due now: come straight back
         else:
