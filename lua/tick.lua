@@ -65,12 +65,12 @@ end
 -- Numbers become text once per call, not per run: Lua's own conversion (and Redis' of a
 -- number argument) goes through '%.14g'/'%.17g', about 0.3 us each.
 local now_text = string.format('%d', now)
-local attempt_texts = {}
+local attempt_texts, attempt_marks = {}, {}
 local function attempt_text(n)
   local t = attempt_texts[n]
   if t == nil then
     t = string.format('%d', n)
-    attempt_texts[n] = t
+    attempt_texts[n], attempt_marks[n] = t, ':' .. t .. ','
   end
   return t
 end
@@ -92,7 +92,7 @@ local entry = { 'run_id', '', 'task_id', '', 'tenant', '', 'queue', '', 'attempt
   'due_ms', '', 'dispatched_ms', now_text, 'payload', '' }
 local ENTRY_BASE = #entry
 
--- Dispatch one run; returns 'id:attempt' for the event log, or nil if the near entry
+-- Dispatch one run; returns the attempt it went out with, or nil if the near entry
 -- was stale (its body gone or no longer scheduled). The record is decoded into locals
 -- and rebuilt as a table only for the checks that need one (expiry, schedules).
 local function dispatch(tenant, run_id, streams)
@@ -140,22 +140,27 @@ local function dispatch(tenant, run_id, streams)
   rcall('XADD', stream, '*', unpack(entry, 1, n))
   local lag = now - due
   lag_sum = lag_sum + lag
-  local b = 1
-  while b <= lag_buckets and lag > lag_bounds[b] do
-    b = b + 1
+  local lo, hi = 1, lag_buckets + 1  -- the first bound >= lag, by halving
+  while lo < hi do
+    local mid = lo + (hi - lo - (hi - lo) % 2) / 2
+    if lag <= lag_bounds[mid] then
+      hi = mid
+    else
+      lo = mid + 1
+    end
   end
-  lag_counts[b] = lag_counts[b] + 1
+  lag_counts[lo] = lag_counts[lo] + 1
   -- The record is not rewritten: leaving the near level (serve, below) is what makes
   -- the run dispatched (record_sent in lib/record.lua).
   if sid then
     sched_ctx.sent[run_id] = true  -- still in the near level until serve's batch ends
   end
-  return run_id .. ':' .. sent_attempt
+  return attempt + 1
 end
 
 -- Serve up to n due runs of one tenant; returns near entries consumed, runs dispatched.
 -- All runs of the call go into one 'dispatched' event (runs = 'id:attempt,...'): one
--- XADD per tick instead of one per tenant served.
+-- XADD per tick instead of one per tenant served. runs holds id, ':attempt,', id, ...
 local per_tenant, runs = {}, {}
 local function serve(tenant, n)
   local near = tag .. 'near:' .. tenant
@@ -165,9 +170,9 @@ local function serve(tenant, n)
   end
   local sent, streams = 0, {}
   for i = 1, #ids do
-    local done = dispatch(tenant, ids[i], streams)
-    if done then
-      runs[#runs + 1] = done
+    local attempt = dispatch(tenant, ids[i], streams)
+    if attempt then
+      runs[#runs + 1], runs[#runs + 2] = ids[i], attempt_marks[attempt]
       sent = sent + 1
     end
   end
@@ -216,7 +221,7 @@ if #tenants > 0 then
 end
 if #runs > 0 then
   event_emit(events_key, event_cap, 'e', 'dispatched', 'at', now_text, 'node', node,
-    'epoch', epoch, 'runs', table.concat(runs, ','))
+    'epoch', epoch, 'runs', string.sub(table.concat(runs), 1, -2))
 end
 
 local counts = {}
