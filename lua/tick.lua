@@ -17,7 +17,7 @@
            taken, stale ones included) = limit means more may be due now; the lists give
            runs dispatched per tenant and, for metrics, how many runs' lag (now - due_ms)
            fell in each bucket: lag <= bound i for the i-th count, one more count past the
-           last bound; lag_sum_ms adds up the lags. backlog counts runs still due after
+           last bound (empty when none was sent); lag_sum_ms adds up the lags. backlog counts runs still due after
            this call (0 unless consumed = limit).
   Errors:  {-3} LEASE_LOST: ARGV[3] no longer holds the shard at epoch ARGV[4].
   Fairness: deficit round robin with unit cost. Each round gives every tenant with due
@@ -38,6 +38,7 @@ local tag = string.sub(meta_key, 1, -5)
 --!include lib/schedule.lua
 --!include lib/retry.lua
 --!include lib/lease.lua
+--!include lib/lag.lua
 
 if not lease_holds(tag, node, epoch) then
   return { -3 }
@@ -62,9 +63,12 @@ local function first_score(key)
   return tonumber(first[2])
 end
 
--- Numbers become text once per call, not per run: Lua's own conversion (and Redis' of a
--- number argument) goes through '%.14g'/'%.17g', about 0.3 us each.
-local now_text = string.format('%d', now)
+-- Set up when the first run goes out (most ticks send none): numbers as text (Lua's
+-- own conversion, and Redis' of a number argument, go through '%.14g'/'%.17g', about
+-- 0.3 us each), the envelope table (DESIGN.md section 6), refilled for every run, and
+-- the lag histogram of ARGV[8].
+local now_text, entry, bounds, lag_counts
+local lag_sum = 0
 local attempt_texts, attempt_marks = {}, {}
 local function attempt_text(n)
   local t = attempt_texts[n]
@@ -74,23 +78,17 @@ local function attempt_text(n)
   end
   return t
 end
-
--- Lag of each dispatched run (now - due_ms), counted into the buckets of ARGV[8]: the
--- reply carries a histogram, not one number per run.
-local lag_bounds = {}
-for v in string.gmatch(ARGV[8], '[^,]+') do
-  lag_bounds[#lag_bounds + 1] = tonumber(v)
+local function dispatch_setup()
+  now_text = string.format('%d', now)
+  entry = { 'run_id', '', 'task_id', '', 'tenant', '', 'queue', '', 'attempt', '',
+    'due_ms', '', 'dispatched_ms', now_text, 'payload', '' }
+  bounds = lag_bounds(ARGV[8])
+  lag_counts = {}
+  for i = 1, #bounds + 1 do
+    lag_counts[i] = 0
+  end
 end
-local lag_buckets = #lag_bounds
-local lag_counts, lag_sum = {}, 0
-for i = 1, lag_buckets + 1 do
-  lag_counts[i] = 0
-end
-
--- The envelope (DESIGN.md section 6), one table refilled for every run.
-local entry = { 'run_id', '', 'task_id', '', 'tenant', '', 'queue', '', 'attempt', '',
-  'due_ms', '', 'dispatched_ms', now_text, 'payload', '' }
-local ENTRY_BASE = #entry
+local ENTRY_BASE = 16
 
 -- Dispatch one run; returns the attempt it went out with, or nil if the near entry
 -- was stale (its body gone or no longer scheduled). The record is decoded into locals
@@ -119,6 +117,9 @@ local function dispatch(tenant, run_id, streams)
   if sid and not schedule_admit(sched_ctx, bkey, run_id, r or { cmsgpack.unpack(raw) }) then
     return nil
   end
+  if entry == nil then
+    dispatch_setup()
+  end
   local sent_attempt = attempt_text(attempt + 1)
   local stream = streams[queue]
   if stream == nil then
@@ -139,17 +140,8 @@ local function dispatch(tenant, run_id, streams)
   end
   rcall('XADD', stream, '*', unpack(entry, 1, n))
   local lag = now - due
-  lag_sum = lag_sum + lag
-  local lo, hi = 1, lag_buckets + 1  -- the first bound >= lag, by halving
-  while lo < hi do
-    local mid = lo + (hi - lo - (hi - lo) % 2) / 2
-    if lag <= lag_bounds[mid] then
-      hi = mid
-    else
-      lo = mid + 1
-    end
-  end
-  lag_counts[lo] = lag_counts[lo] + 1
+  local b = lag_bucket(bounds, lag)
+  lag_counts[b], lag_sum = lag_counts[b] + 1, lag_sum + lag
   -- The record is not rewritten: leaving the near level (serve, below) is what makes
   -- the run dispatched (record_sent in lib/record.lua).
   if sid then
@@ -237,4 +229,4 @@ if consumed >= limit then
 end
 local promoted_until = tonumber(rcall('HGET', meta_key, 'promoted_until')) or 0
 return { dispatched, first_score(due_key), now, clock_back, first_score(tag .. 'wheel'),
-  promoted_until, consumed, counts, lag_counts, backlog, lag_sum }
+  promoted_until, consumed, counts, lag_counts or {}, backlog, lag_sum }

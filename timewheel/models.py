@@ -107,7 +107,7 @@ class TickResult:
     """Runs dispatched per tenant."""
     lag_counts: list[int] = field(default_factory=list)
     """Dispatched runs by lag (the tick's clock minus the due time): the i-th count is of
-    lags <= LAG_BUCKETS_MS[i], the last of lags past every bound."""
+    lags <= LAG_BUCKETS_MS[i], the last of lags past every bound; empty if none was sent."""
     lag_sum_ms: int = 0
     """The dispatched runs' lags added up."""
     backlog: int = 0

@@ -58,7 +58,7 @@ OPERATIONS = (
     "schedule_restore",
     "restore",
 )
-LIBS = ("record", "clock", "wheel", "events", "lease", "schedule", "retry")
+LIBS = ("record", "clock", "wheel", "events", "lease", "schedule", "retry", "lag")
 """lua/lib/ helpers in library order: each after the helpers it calls."""
 _INCLUDE = re.compile(r"^--!include (\S+)\s*$", re.MULTILINE)
 _CODE = re.compile(r"\{(-\d+)[^}]*\}\s+([A-Z_]+)")
