@@ -16,6 +16,7 @@ from tests.helpers import all_deliveries, running_scheduler
 from timewheel.engine import Engine
 from timewheel.models import Delivery
 from timewheel.schedule import ScheduleSpec, fire_times
+from timewheel.scheduler import Scheduler
 from timewheel.schedules import NewSchedule
 from timewheel.worker import Worker
 
@@ -109,3 +110,45 @@ async def test_overlap_with_a_slow_executor(engine: Engine, overlap: str) -> Non
         # Never more than one held: every held run but the newest has been sent.
         states = [(await engine.get("acme", run_id)).state for run_id in held]
         assert set(states[:-1]) <= {"succeeded", "dispatched"}, states
+
+
+async def test_a_planner_behind_catches_up_and_no_shard_waits_behind_others(
+    standalone_url: str,
+) -> None:
+    # plan_batch 2: a pass that keeps up extends 2 schedules. Horizon 4 s: a new schedule
+    # holds runs up to ~5 s ahead, is due for planning 3 s before they run out (in ~2 s),
+    # and counts as behind 2 s before (in ~3 s).
+    engine = await Engine.connect(
+        test_settings(standalone_url, shards=8, plan_batch=2, plan_horizon_ms=4_000)
+    )
+    try:
+        made = [
+            await engine.create_schedule(NewSchedule(tenant=f"t{i}", spec=ScheduleSpec(every_s=1)))
+            for i in range(16)
+        ]
+        cursors = {s.id: await cursor(engine, s.id) for s, _ in made}
+        shards = sorted({int(s.id[:3], 16) for s, _ in made})
+        scheduler = Scheduler(engine)
+        now = time.time() * 1000
+
+        # Keeping up: one batch per pass, and the next pass starts where this one stopped.
+        await scheduler._plan_some(shards, now + 2_400)
+        first = {sid for sid, c in cursors.items() if await cursor(engine, sid) != c}
+        assert len(first) == 2
+        await scheduler._plan_some(shards, now + 2_400)
+        second = {sid for sid, c in cursors.items() if await cursor(engine, sid) != c} - first
+        assert len(second) == 2
+        assert {int(sid[:3], 16) for sid in second}.isdisjoint({int(sid[:3], 16) for sid in first})
+
+        # Behind (under half a horizon of runs left): batch after batch, every schedule.
+        await scheduler._plan_some(shards, now + 3_500)
+        assert all([await cursor(engine, sid) != c for sid, c in cursors.items()])
+    finally:
+        await engine.close()
+
+
+async def cursor(engine: Engine, sid: str) -> bytes | str | None:
+    value: bytes | str | None = await engine.client.hget(
+        engine.keys.schedule(int(sid[:3], 16), sid), "cursor"
+    )
+    return value

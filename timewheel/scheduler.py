@@ -31,6 +31,8 @@ from timewheel.models import PromoteResult, TickResult
 log = structlog.get_logger("timewheel.scheduler")
 
 EXPIRE_EVERY_MS = 10_000
+PLAN_CATCH_UP_S = 0.1
+"""How long a pass that finds the planner behind may keep planning, a batch at a time."""
 CLOCK_JUMP_LOG_MS = 1_000
 
 
@@ -85,6 +87,7 @@ class Scheduler:
         self.offset_ms = 0.0  # shard clock minus local clock, learned from tick replies
         self.woken = asyncio.Event()
         self._busy: set[int] = set()
+        self._plan_next = 0  # the shard the next planning pass starts at
 
     # -- one pass ---------------------------------------------------------------------
 
@@ -250,17 +253,27 @@ class Scheduler:
             st.next_tick_ms = 0.0  # a retry may be due at once
 
     async def _plan_some(self, shards: list[int], now: float) -> None:
-        """Extend schedules of `shards`, at most plan_batch in all, before this pass's
-        tick (runs a catch-up materializes may be due at once). Shards the budget does
-        not reach stay due and go first next pass: planning never holds Redis for long."""
+        """Extend schedules of `shards`, plan_batch at a time, before this pass's tick
+        (runs a catch-up materializes may be due at once). One batch per pass while the
+        planner keeps up; once it is behind, batch after batch for up to
+        PLAN_CATCH_UP_S. Shards not reached go first next pass: planning never holds
+        Redis for long, and no shard waits behind the others."""
         settings = self.engine.settings
         budget = settings.plan_batch
-        for shard in shards:
+        behind = False
+        deadline = time.monotonic() + PLAN_CATCH_UP_S
+        # Start where the last pass stopped: a fixed order would plan the first shards
+        # every pass and starve the last ones whenever planning is behind.
+        start = next((i for i, s in enumerate(shards) if s >= self._plan_next), 0)
+        for shard in shards[start:] + shards[:start]:
             st = self.state.get(shard)
             if st is None:
                 continue
             if budget <= 0:
-                break
+                if not behind or time.monotonic() >= deadline:
+                    self._plan_next = shard
+                    break
+                budget = settings.plan_batch
             # +-25 % jitter: shards started together drift apart and plan at different times.
             st.next_plan_ms = now + settings.plan_interval_ms * random.uniform(0.75, 1.25)
             try:
@@ -271,6 +284,11 @@ class Scheduler:
                 self._failed("plan", shard, exc)
                 continue
             budget -= res.schedules
+            # A schedule read with under half a horizon of runs left waited a quarter
+            # horizon past its planning point: passes come too rarely for one batch each
+            # (a slow or busy host). Then a longer burst beats skipping fire times later.
+            if res.earliest_next_ms is not None:
+                behind = behind or res.earliest_next_ms < now + settings.plan_horizon_ms // 2
             self.counters.planned += res.added
             if res.more:
                 st.next_plan_ms = 0.0

@@ -150,6 +150,9 @@ class PlanResult:
     skipped: int
     more: bool
     """More schedules were due for planning than one pass reads."""
+    earliest_next_ms: int | None = None
+    """The earliest next fire time to plan among the schedules read (None: none read).
+    Against the clock it says how far behind the planner is."""
 
 
 def _rfc(ms: int | None) -> str | None:
@@ -507,17 +510,16 @@ class ScheduleOps:
         now = now_ms if now_ms is not None else int(local)
         horizon, batch = s.plan_horizon_ms, limit or s.plan_batch
         try:
-            sids = [
-                _text(v)
-                for v in await self.client.zrange(
-                    k.plan(shard),
-                    "-inf",
-                    now + horizon - horizon // 4,
-                    byscore=True,
-                    offset=0,
-                    num=batch,
-                )
-            ]
+            due: list[Any] = await self.client.zrange(
+                k.plan(shard),
+                "-inf",
+                now + horizon - horizon // 4,
+                byscore=True,
+                offset=0,
+                num=batch,
+                withscores=True,
+            )
+            sids = [_text(row[0]) for row in due]
             if not sids:
                 return PlanResult(shard, 0, 0, 0, False)
             async with self.client.pipeline(transaction=False) as pipe:
@@ -562,4 +564,4 @@ class ScheduleOps:
             check(reply, action="materialize", shard=shard)
             added += int(reply[0])
             skipped += int(reply[1])
-        return PlanResult(shard, len(sids), added, skipped, len(sids) >= batch)
+        return PlanResult(shard, len(sids), added, skipped, len(sids) >= batch, int(due[0][1]))
