@@ -398,13 +398,26 @@ async def test_schedules_come_back_and_resume_per_their_catchup_policy(
         restarted_ms = int(time.time() * 1000)
         async with running_scheduler(engine):
             await asyncio.sleep(2.5)
+        deliveries = await all_deliveries(engine)
         sent: dict[str, list[int]] = {}
-        for d in await all_deliveries(engine):
+        for d in deliveries:
             sent.setdefault(d.schedule_id or "", []).append(d.due_ms)
-        missed = range(wiped_ms + 1000, restarted_ms - settings.misfire_ms - 100)
-        # skip: no fire time missed while Redis was gone runs; latest: exactly one does.
-        assert not [f for f in sent.get(skip.id, []) if f in missed]
-        assert len([f for f in sent.get(latest.id, []) if f in missed]) == 1
+
+        def caught_up(sid: str) -> list[int]:
+            """Fire times missed while Redis was gone and sent anyway: past misfire_ms."""
+            return [
+                d.due_ms
+                for d in deliveries
+                if d.schedule_id == sid
+                and d.due_ms > wiped_ms
+                and d.dispatched_ms - d.due_ms > settings.misfire_ms
+            ]
+
+        # skip: no fire time missed while Redis was gone runs; latest: exactly one does,
+        # the newest missed when the planner came back (which one depends on when that
+        # was, shortly after restarted_ms: a slow host moves it, not the count).
+        assert caught_up(skip.id) == []
+        assert len(caught_up(latest.id)) == 1
         # Both go on firing after the restore.
         assert max(sent[skip.id]) > restarted_ms and max(sent[latest.id]) > restarted_ms
     finally:
