@@ -17,8 +17,8 @@
            taken, stale ones included) = limit means more may be due now; the lists give
            runs dispatched per tenant and, for metrics, how many runs' lag (now - due_ms)
            fell in each bucket: lag <= bound i for the i-th count, one more count past the
-           last bound (empty when none was sent); lag_sum_ms adds up the lags. backlog counts runs still due after
-           this call (0 unless consumed = limit).
+           last bound (empty when none was sent); lag_sum_ms adds up the lags. backlog
+           counts runs still due after this call (0 unless consumed = limit).
   Errors:  {-3} LEASE_LOST: ARGV[3] no longer holds the shard at epoch ARGV[4].
   Fairness: deficit round robin with unit cost. Each round gives every tenant with due
   runs an equal share of what is left of the limit, so one tenant's backlog due in the
@@ -69,6 +69,7 @@ end
 -- the lag histogram of ARGV[8].
 local now_text, entry, bounds, lag_counts
 local lag_sum = 0
+-- An attempt number as text, and as its mark in the event's run list (':n,').
 local attempt_texts, attempt_marks = {}, {}
 local function attempt_text(n)
   local t = attempt_texts[n]
@@ -76,7 +77,7 @@ local function attempt_text(n)
     t = string.format('%d', n)
     attempt_texts[n], attempt_marks[n] = t, ':' .. t .. ','
   end
-  return t
+  return t, attempt_marks[n]
 end
 local function dispatch_setup()
   now_text = string.format('%d', now)
@@ -88,10 +89,10 @@ local function dispatch_setup()
     lag_counts[i] = 0
   end
 end
-local ENTRY_BASE = 16
+local ENTRY_BASE = 16  -- the 8 fields every envelope has; schedule_id, visibility follow
 
--- Dispatch one run; returns the attempt it went out with, or nil if the near entry
--- was stale (its body gone or no longer scheduled). The record is decoded into locals
+-- Dispatch one run; returns the mark of the attempt it went out with (':n,', for the
+-- event's run list), or nil if the near entry was stale (its body gone or no longer scheduled). The record is decoded into locals
 -- and rebuilt as a table only for the checks that need one (expiry, schedules).
 local function dispatch(tenant, run_id, streams)
   local task_id, bkey, field = run_place(tag, run_id)
@@ -120,7 +121,7 @@ local function dispatch(tenant, run_id, streams)
   if entry == nil then
     dispatch_setup()
   end
-  local sent_attempt = attempt_text(attempt + 1)
+  local sent_attempt, mark = attempt_text(attempt + 1)
   local stream = streams[queue]
   if stream == nil then
     stream = tag .. 'q:' .. tenant .. ':' .. queue
@@ -147,7 +148,7 @@ local function dispatch(tenant, run_id, streams)
   if sid then
     sched_ctx.sent[run_id] = true  -- still in the near level until serve's batch ends
   end
-  return attempt + 1
+  return mark
 end
 
 -- Serve up to n due runs of one tenant; returns near entries consumed, runs dispatched.
@@ -162,9 +163,9 @@ local function serve(tenant, n)
   end
   local sent, streams = 0, {}
   for i = 1, #ids do
-    local attempt = dispatch(tenant, ids[i], streams)
-    if attempt then
-      runs[#runs + 1], runs[#runs + 2] = ids[i], attempt_marks[attempt]
+    local mark = dispatch(tenant, ids[i], streams)
+    if mark then
+      runs[#runs + 1], runs[#runs + 2] = ids[i], mark
       sent = sent + 1
     end
   end

@@ -28,10 +28,6 @@ class LagHistogram(Collector):
             self.counts[i] += n
         self.sum_ms += sum_ms
 
-    @property
-    def count(self) -> int:
-        return sum(self.counts)
-
     def collect(self) -> Iterator[HistogramMetricFamily]:
         family = HistogramMetricFamily(
             "timewheel_dispatch_lag_seconds", "dispatched_ms - due_ms of each dispatched run."
