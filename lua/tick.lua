@@ -10,19 +10,27 @@
   Derived keys (same tag): near:<tenant>, t:<xy>, q:<tenant>:<queue>, lease, wheel,
   dead:<tenant> (a run past its expires_at is dead-lettered, reason expired, not sent),
   s:<sid>, sr:<sid>, x:<bucket>, expiry (a schedule's run may be skipped: misfire past
-  misfire_ms under its catchup policy, or overlap; see lib/schedule.lua).
+  misfire_ms under its catchup policy, or overlap; see lib/schedule.lua), rates (HASH
+  tenant -> runs/s this shard may send for it, written by timewheel/rates.py), tokens
+  (HASH tenant -> 'tokens:stamp_ms', the rate-limited tenants' buckets).
   Returns: {dispatched, next_due_ms, now_ms, clock_back_ms, next_bucket_ms, promoted_until,
-           consumed, {tenant, count, ...}, {count, ...}, backlog, lag_sum_ms}
+           consumed, {tenant, count, ...}, {count, ...}, backlog, lag_sum_ms,
+           {tenant, held, ...}}
            next_due_ms / next_bucket_ms are -1 when nothing waits; consumed (near entries
            taken, stale ones included) = limit means more may be due now; the lists give
            runs dispatched per tenant and, for metrics, how many runs' lag (now - due_ms)
            fell in each bucket: lag <= bound i for the i-th count, one more count past the
            last bound (empty when none was sent); lag_sum_ms adds up the lags. backlog
-           counts runs still due after this call (0 unless consumed = limit).
+           counts runs still due after this call (0 unless consumed = limit); the last
+           list gives, per tenant held back by its rate, its runs still due.
   Errors:  {-3} LEASE_LOST: ARGV[3] no longer holds the shard at epoch ARGV[4].
   Fairness: deficit round robin with unit cost. Each round gives every tenant with due
   runs an equal share of what is left of the limit, so one tenant's backlog due in the
   same second takes its turn and cannot hold back another tenant's runs.
+  Rate: a tenant listed in rates has a token bucket here (capacity one second of its rate,
+  at least 1): each near entry it consumes spends a token. Out of tokens, it is held back:
+  its entry in the due index moves to when the next token is due, so the scheduler sleeps
+  until then instead of ticking it. Held-back runs stay in the near level, never dropped.
   Clock: now = max(TIME, hwm). A clock that steps back neither re-opens a window nor
   delays runs already due by the high-water mark; clock_back_ms reports the step. ]]
 local rcall = redis.call
@@ -178,6 +186,33 @@ local function serve(tenant, n)
 end
 
 local tenants = rcall('ZRANGE', due_key, '-inf', now, 'BYSCORE', 'LIMIT', 0, limit)
+
+-- Token buckets of the rate-limited tenants among them: rate[t] runs/s, tokens[t] now.
+local rate, tokens = {}, {}
+if #tenants > 0 and rcall('EXISTS', tag .. 'rates') == 1 then
+  local rates = rcall('HMGET', tag .. 'rates', unpack(tenants))
+  local limited = {}
+  for i = 1, #tenants do
+    local r = tonumber(rates[i])
+    if r and r > 0 then
+      rate[tenants[i]] = r
+      limited[#limited + 1] = tenants[i]
+    end
+  end
+  if #limited > 0 then
+    local states = rcall('HMGET', tag .. 'tokens', unpack(limited))
+    for i = 1, #limited do
+      local r, cap = rate[limited[i]], math.max(1, rate[limited[i]])
+      local have, stamp = string.match(states[i] or '', '^([^:]+):(%d+)$')
+      local t = cap
+      if have then
+        t = math.min(cap, tonumber(have) + math.max(0, now - tonumber(stamp)) * r / 1000)
+      end
+      tokens[limited[i]] = t
+    end
+  end
+end
+
 local budget = limit
 local dispatched, consumed = 0, 0
 local active = tenants
@@ -188,25 +223,49 @@ while budget > 0 and #active > 0 do
     if budget <= 0 then
       break
     end
+    local tenant = active[i]
     local want = math.min(share, budget)
-    local got, sent = serve(active[i], want)
-    budget = budget - got
-    consumed = consumed + got
-    dispatched = dispatched + sent
-    if got == want then
-      still[#still + 1] = active[i]
+    local t = tokens[tenant]
+    if t then
+      want = math.min(want, math.floor(t))
+    end
+    if want > 0 then
+      local got, sent = serve(tenant, want)
+      budget = budget - got
+      consumed = consumed + got
+      dispatched = dispatched + sent
+      if t then
+        tokens[tenant] = t - got
+      end
+      if got == want and (t == nil or tokens[tenant] >= 1) then
+        still[#still + 1] = tenant
+      end
     end
   end
   active = still
 end
 
--- Repair each served tenant's entry in the due index to its earliest remaining run.
+-- Repair each served tenant's entry in the due index to its earliest remaining run; a
+-- tenant held back by its rate waits there until its next token is due.
+local held = {}
 for i = 1, #tenants do
-  local s = first_score(tag .. 'near:' .. tenants[i])
+  local tenant = tenants[i]
+  local s = first_score(tag .. 'near:' .. tenant)
   if s < 0 then
-    rcall('ZREM', due_key, tenants[i])
+    rcall('ZREM', due_key, tenant)
   else
-    rcall('ZADD', due_key, s, tenants[i])
+    local t = tokens[tenant]
+    if t and t < 1 then
+      if s <= now then
+        held[#held + 1] = tenant
+        held[#held + 1] = rcall('ZCOUNT', tag .. 'near:' .. tenant, '-inf', now)
+      end
+      s = math.max(s, now + math.ceil((1 - t) * 1000 / rate[tenant]))
+    end
+    rcall('ZADD', due_key, s, tenant)
+  end
+  if tokens[tenant] then
+    rcall('HSET', tag .. 'tokens', tenant, string.format('%.3f:%d', tokens[tenant], now))
   end
 end
 if #tenants > 0 then
@@ -230,4 +289,4 @@ if consumed >= limit then
 end
 local promoted_until = tonumber(rcall('HGET', meta_key, 'promoted_until')) or 0
 return { dispatched, first_score(due_key), now, clock_back, first_score(tag .. 'wheel'),
-  promoted_until, consumed, counts, lag_counts or {}, backlog, lag_sum }
+  promoted_until, consumed, counts, lag_counts or {}, backlog, lag_sum, held }

@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
+import redis
 
 from tests.apiserver import ApiServer, api_server
 from tests.test_engine import prime, tick_all
@@ -27,6 +28,7 @@ from timewheel.errors import (
     TransportError,
     UnprocessableError,
 )
+from timewheel.keys import Keys
 from timewheel.redis_server import find_free_port
 from timewheel.worker import Worker
 
@@ -98,6 +100,13 @@ def test_tenant_and_key_admin(api_server: ApiServer, admin: Client) -> None:
     assert created["id"] == name
     assert created["limits"] == {"max_pending": 10, "max_payload_bytes": 1000, "dispatch_rate": 5}
     assert admin.get_tenant(name)["limits"]["dispatch_rate"] == 5
+    # The tick enforces it from copies in the tenant's shards, which add up to the rate.
+    settings = api_server.settings
+    with redis.Redis.from_url(settings.redis_url) as r:
+        shares = [
+            r.hget(Keys(settings.prefix).rates(shard), name) for shard in range(settings.shards)
+        ]
+    assert sum(float(v) for v in shares if v is not None) == pytest.approx(5)
     with pytest.raises(ConflictError) as conflict:
         admin.create_tenant(name)
     _err(conflict, 409, "conflict")

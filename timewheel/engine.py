@@ -41,6 +41,7 @@ from timewheel.models import (
 )
 from timewheel.outcomes import OutcomeOps
 from timewheel.pipeline import ScriptCall, run_pipeline
+from timewheel.rates import DispatchRates
 from timewheel.redis_client import RedisClient, connect
 from timewheel.schedules import ScheduleOps
 from timewheel.scripts import Script, ScriptArg, Scripts, check
@@ -89,6 +90,11 @@ class NewTask:
 
 def _opt_int(value: Any) -> int | None:
     return None if value is None or int(value) < 0 else int(value)
+
+
+def _tenant_counts(flat: list[Any]) -> dict[str, int]:
+    """A Lua reply list {tenant, count, ...} as a dict."""
+    return {flat[i].decode(): int(flat[i + 1]) for i in range(0, len(flat), 2)}
 
 
 class Engine(OutcomeOps, ScheduleOps):
@@ -228,6 +234,10 @@ class Engine(OutcomeOps, ScheduleOps):
     def shards_of(self, tenant: str) -> list[int]:
         """The shards holding a tenant's tasks and ready streams."""
         return ids.tenant_shards(tenant, self.settings.default_spread, self.settings.shards)
+
+    def dispatch_rates(self) -> DispatchRates:
+        """The per-shard copies of tenants' dispatch rates that the tick enforces."""
+        return DispatchRates(self.client, self.keys, self.settings.shards, self.shards_of)
 
     def _locate(self, task_id: str) -> int:
         shard = ids.shard_of(task_id)
@@ -499,12 +509,11 @@ class Engine(OutcomeOps, ScheduleOps):
             next_bucket_ms=_opt_int(reply[4]),
             promoted_until_ms=int(reply[5]),
             consumed=int(reply[6]),
-            per_tenant={
-                reply[7][i].decode(): int(reply[7][i + 1]) for i in range(0, len(reply[7]), 2)
-            },
+            per_tenant=_tenant_counts(reply[7]),
             lag_counts=[int(v) for v in reply[8]],
             backlog=int(reply[9]),
             lag_sum_ms=int(reply[10]),
+            held=_tenant_counts(reply[11]),
         )
 
     async def promote(

@@ -100,6 +100,15 @@ class Keys:
         """STREAM: the shard's capped event log."""
         return self.tag(shard) + "events"
 
+    def rates(self, shard: int) -> str:
+        """HASH tenant -> runs/s the tick may send for it from this shard: its
+        dispatch_rate split over its shards (timewheel/rates.py; read by lua/tick.lua)."""
+        return self.tag(shard) + "rates"
+
+    def tokens(self, shard: int) -> str:
+        """HASH tenant -> 'tokens:stamp_ms': the token buckets of lua/tick.lua."""
+        return self.tag(shard) + "tokens"
+
     def lease(self, shard: int) -> str:
         """STRING '<node>/<epoch>' with a TTL: who may run scheduler scripts on the shard."""
         return self.tag(shard) + "lease"

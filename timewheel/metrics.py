@@ -59,6 +59,12 @@ class SchedulerMetrics:
             ["shard"],
             registry=r,
         )
+        self.rate_held = Gauge(
+            "timewheel_rate_held_runs",
+            "Runs due but held back by their tenants' dispatch_rate, at the shard's last tick.",
+            ["shard"],
+            registry=r,
+        )
         self.tick_seconds = Histogram(
             "timewheel_tick_duration_seconds",
             "Round trip of one tick call (a pass's pipeline divided by its shards).",
@@ -79,3 +85,4 @@ class SchedulerMetrics:
             self.dispatched.labels(tenant).inc(count)
         self.lag.add(res.lag_counts, res.lag_sum_ms)
         self.backlog.labels(str(res.shard)).set(res.backlog)
+        self.rate_held.labels(str(res.shard)).set(sum(res.held.values()))

@@ -112,6 +112,8 @@ class TickResult:
     """The dispatched runs' lags added up."""
     backlog: int = 0
     """Runs still due after the call (counted only when the call hit its limit)."""
+    held: dict[str, int] = field(default_factory=dict)
+    """Per tenant held back by its dispatch rate: its runs still due in this shard."""
 
 
 @dataclass(frozen=True, slots=True)

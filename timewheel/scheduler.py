@@ -27,6 +27,7 @@ from timewheel.errors import LeaseLost, TimewheelError
 from timewheel.leases import Leases, share_of
 from timewheel.metrics import SchedulerMetrics
 from timewheel.models import PromoteResult, TickResult
+from timewheel.rates import SYNC_EVERY_S
 
 log = structlog.get_logger("timewheel.scheduler")
 
@@ -370,6 +371,19 @@ class Scheduler:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=interval_s)
 
+    async def _rates_loop(self, stop: asyncio.Event) -> None:
+        """Reconcile the shards' copies of tenants' dispatch rates (timewheel/rates.py)."""
+        rates = self.engine.dispatch_rates()
+        while not stop.is_set():
+            try:
+                changed = await rates.sync()
+                if changed:
+                    log.info("dispatch_rates_synced", changed=changed, node=self.node or None)
+            except TimewheelError as exc:
+                log.warning("dispatch_rates_sync_failed", error=str(exc), node=self.node)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=SYNC_EVERY_S)
+
     async def _leave(self) -> None:
         assert self.leases is not None
         for shard in list(self.state):
@@ -406,7 +420,10 @@ class Scheduler:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Run until `stop` is set; the pass in progress finishes, then leases are released."""
-        helpers = [asyncio.create_task(self._listen_for_wakeups(stop))]
+        helpers = [
+            asyncio.create_task(self._listen_for_wakeups(stop)),
+            asyncio.create_task(self._rates_loop(stop)),
+        ]
         if self.leases is not None:
             await self.lease_round()
             helpers.append(asyncio.create_task(self._lease_loop(stop)))

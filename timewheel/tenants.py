@@ -28,6 +28,7 @@ from redis.exceptions import RedisError
 
 from timewheel.errors import Conflict, NotFound, OverLimit, RedisUnavailable, Unauthorized
 from timewheel.keys import Keys
+from timewheel.rates import DispatchRates
 from timewheel.redis_client import RedisClient
 
 CACHE_TTL_S = 1.0
@@ -44,8 +45,8 @@ class Limits:
     max_pending: int | None = None
     """Most scheduled runs at once (estimated, see the module docstring); over it: 429."""
     dispatch_rate: float | None = None
-    """Runs per second the tick may dispatch for the tenant. Stored and shown; the tick does
-    not enforce it yet (DESIGN.md section 8, scheduler side)."""
+    """Most runs per second the tick dispatches for the tenant, retries included; the rest
+    wait, due, in the near level (timewheel/rates.py, lua/tick.lua)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,9 +84,19 @@ def _err(exc: Exception) -> RedisUnavailable:
 class TenantStore:
     """Tenants and keys of one deployment, with a short cache of lookups (per instance)."""
 
-    def __init__(self, client: RedisClient, keys: Keys, *, admin_key: str = "", bucket_ms: int):
+    def __init__(
+        self,
+        client: RedisClient,
+        keys: Keys,
+        *,
+        admin_key: str = "",
+        bucket_ms: int,
+        rates: DispatchRates | None = None,
+    ):
         self.client = client
         self.keys = keys
+        self.rates = rates
+        """Where a dispatch_rate is copied for the tick (else only the schedulers' sync does)."""
         self.bucket_ms = bucket_ms
         self._admin_hash = hash_key(admin_key) if admin_key else ""
         self._principals: dict[str, tuple[float, Principal | None]] = {}
@@ -105,6 +116,8 @@ class TenantStore:
             raise _err(exc) from exc
         if not added:
             raise Conflict(f"tenant {tenant_id!r} exists already")
+        if self.rates is not None and limits.dispatch_rate:
+            await self.rates.put(tenant_id, limits.dispatch_rate)
         self._tenants.pop(tenant_id, None)
         return tenant
 

@@ -45,7 +45,11 @@ def create_app(
         app.state.engine = eng
         app.state.creates = CreateCoalescer(eng)
         app.state.tenant_store = TenantStore(
-            eng.client, eng.keys, admin_key=eng.settings.admin_key, bucket_ms=eng.settings.bucket_ms
+            eng.client,
+            eng.keys,
+            admin_key=eng.settings.admin_key,
+            bucket_ms=eng.settings.bucket_ms,
+            rates=eng.dispatch_rates(),
         )
 
     @asynccontextmanager

@@ -107,11 +107,7 @@ PATCH = Obj(
 )
 
 BATCH = Obj(
-    {
-        "tasks": Array(
-            CREATE, 1, MAX_BATCH, f"tasks must be a list of 1..{MAX_BATCH} task objects"
-        )
-    },
+    {"tasks": Array(CREATE, 1, MAX_BATCH, f"tasks must be a list of 1..{MAX_BATCH} task objects")},
     required=["tasks"],
     title="TaskBatch",
 )
@@ -120,7 +116,7 @@ LIMITS = Obj(
     {
         "max_payload_bytes": Integer(1, 64 * 1024 * 1024, "at most the deployment's limit"),
         "max_pending": Integer(1, 10**12, "most scheduled runs (estimate); over it: 429"),
-        "dispatch_rate": Number(0.001, 1e9, "runs/s (stored; not enforced by the tick yet)"),
+        "dispatch_rate": Number(0.001, 1e9, "most runs/s dispatched for the tenant; the rest wait"),
     },
     title="TenantLimits",
 )
