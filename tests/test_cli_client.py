@@ -43,6 +43,13 @@ async def test_every_client_command(
     tenant = f"cli-{secrets.token_hex(3)}"
     made = run_json(capsys, "tenant", "create", tenant, "--max-pending", "100", *admin)
     assert made["id"] == tenant and made["limits"]["max_pending"] == 100
+    changed = run_json(
+        capsys, "tenant", "update", tenant, "--dispatch-rate", "2.5", "--max-pending", "none",
+        *admin,
+    )
+    assert changed["limits"]["dispatch_rate"] == 2.5 and changed["limits"]["max_pending"] is None
+    code, _, err = run(capsys, "tenant", "update", tenant, *admin)
+    assert code == 2 and "give --max-payload-bytes" in err and "Traceback" not in err
     key = run_json(capsys, "tenant", "key", tenant, *admin)
     as_tenant = [*url, "--key", key["key"]]
 

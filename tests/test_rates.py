@@ -87,7 +87,7 @@ async def test_rates_are_copied_to_the_tenants_shards_and_resynced(engine: Engin
     shards = engine.shards_of("limited")
     k = engine.keys
 
-    async def copies(tenant: str) -> dict[int, bytes]:
+    async def copies(tenant: str) -> dict[int, bytes | str]:
         out = {}
         for shard in range(engine.settings.shards):
             value = await engine.client.hget(k.rates(shard), tenant)
@@ -138,3 +138,34 @@ async def test_a_running_scheduler_keeps_a_tenant_to_its_rate(engine: Engine) ->
     for i in range(len(slow_ms)):
         assert sum(1 for t in slow_ms[i:] if t < slow_ms[i] + 1000) <= 40
     assert fast_ms[-1] - due < 1000  # the neighbour went out on time
+
+
+async def test_changing_a_rate_moves_the_copies_and_keeps_other_limits(engine: Engine) -> None:
+    rates = engine.dispatch_rates()
+    store = TenantStore(
+        engine.client, engine.keys, bucket_ms=engine.settings.bucket_ms, rates=rates
+    )
+    await store.create_tenant("changing", Limits(max_pending=7, dispatch_rate=10))
+    shards = engine.shards_of("changing")
+    tenant = await store.update_limits("changing", {"dispatch_rate": 40.0})
+    assert tenant.limits == Limits(max_pending=7, dispatch_rate=40.0)
+    assert await store.get_tenant("changing") == tenant
+    for shard in shards:
+        value = await engine.client.hget(engine.keys.rates(shard), "changing")
+        assert value == share_text(40, len(shards)).encode()
+    tenant = await store.update_limits("changing", {"dispatch_rate": None, "max_pending": None})
+    assert tenant.limits == Limits()
+    for shard in shards:
+        assert await engine.client.hget(engine.keys.rates(shard), "changing") is None
+    assert await rates.sync() == 0  # the tenants hash and the copies agree
+
+
+async def test_concurrent_limit_changes_are_not_lost(engine: Engine) -> None:
+    store = TenantStore(engine.client, engine.keys, bucket_ms=engine.settings.bucket_ms)
+    await store.create_tenant("racing", Limits())
+    await asyncio.gather(
+        *(store.update_limits("racing", {"max_pending": 100 + i}) for i in range(10)),
+        *(store.update_limits("racing", {"dispatch_rate": 1.0 + i}) for i in range(10)),
+    )
+    limits = (await store.get_tenant("racing")).limits
+    assert limits.max_pending is not None and limits.dispatch_rate is not None

@@ -7,6 +7,7 @@ import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import httpx
 import pytest
@@ -101,12 +102,7 @@ def test_tenant_and_key_admin(api_server: ApiServer, admin: Client) -> None:
     assert created["limits"] == {"max_pending": 10, "max_payload_bytes": 1000, "dispatch_rate": 5}
     assert admin.get_tenant(name)["limits"]["dispatch_rate"] == 5
     # The tick enforces it from copies in the tenant's shards, which add up to the rate.
-    settings = api_server.settings
-    with redis.Redis.from_url(settings.redis_url) as r:
-        shares = [
-            r.hget(Keys(settings.prefix).rates(shard), name) for shard in range(settings.shards)
-        ]
-    assert sum(float(v) for v in shares if v is not None) == pytest.approx(5)
+    assert sum(_rate_shares(api_server, name)) == pytest.approx(5)
     with pytest.raises(ConflictError) as conflict:
         admin.create_tenant(name)
     _err(conflict, 409, "conflict")
@@ -148,6 +144,45 @@ def test_tenant_and_key_admin(api_server: ApiServer, admin: Client) -> None:
 def in_future(seconds: float) -> str:
     return (datetime.now(UTC) + timedelta(seconds=seconds)).isoformat()
 
+
+
+def _rate_shares(api_server: ApiServer, tenant: str) -> list[float]:
+    settings = api_server.settings
+    with redis.Redis.from_url(settings.redis_url) as r:
+        values = [r.hget(Keys(settings.prefix).rates(s), tenant) for s in range(settings.shards)]
+    return [float(v) for v in values if v is not None]
+
+
+def test_tenant_limits_change_and_clear(api_server: ApiServer, admin: Client) -> None:
+    name = _name("t")
+    admin.create_tenant(name, max_pending=10, dispatch_rate=5)
+    changed = admin.update_tenant(name, {"dispatch_rate": 50})
+    assert changed["limits"] == {"max_pending": 10, "max_payload_bytes": None, "dispatch_rate": 50}
+    assert admin.get_tenant(name)["limits"] == changed["limits"]
+    assert sum(_rate_shares(api_server, name)) == pytest.approx(50)
+    cleared = admin.update_tenant(name, {"dispatch_rate": None, "max_pending": None})
+    assert set(cleared["limits"].values()) == {None}
+    assert _rate_shares(api_server, name) == []
+
+    with pytest.raises(NotFoundError):
+        admin.update_tenant(_name("missing"), {"max_pending": 3})
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"dispatch_rate": 0}, "limits.dispatch_rate"),
+        ({"dispatch_rate": "fast"}, "limits.dispatch_rate"),
+        ({"max_payload_bytes": 10**7}, "limits.max_payload_bytes"),
+        ({"spread": 2}, "limits.spread"),
+    ]
+    for limits, field in cases:
+        with pytest.raises(UnprocessableError) as bad:
+            admin.update_tenant(name, limits)
+        assert bad.value.field == field, limits
+    with pytest.raises(UnprocessableError) as no_limits:
+        raise_for(httpx.patch(f"{api_server.url}/v1/tenants/{name}", json={}, headers=_auth(admin)))
+    assert no_limits.value.field == "limits"
+    key = admin.create_key(name)
+    with Client(api_server.url, key["key"]) as tenant, pytest.raises(PermissionDeniedError):
+        tenant.update_tenant(name, {"dispatch_rate": 1000})
+    assert admin.get_tenant(name)["limits"]["dispatch_rate"] is None
 
 def test_task_lifecycle(acme: TenantClient) -> None:
     task = acme.create_task(delay=60, queue="evals", payload={"n": 1}, retry={"max_attempts": 3})

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, TypedDict
@@ -241,6 +242,12 @@ class Requests:
             }
         )
         return Request("POST", "/v1/tenants", {"id": tenant_id, "limits": limits})
+
+    @staticmethod
+    def update_tenant(tenant_id: str, limits: Mapping[str, float | None]) -> Request:
+        """Set the given limits; a None value clears one. Setting is idempotent."""
+        body = {"limits": dict(limits)}
+        return Request("PATCH", f"/v1/tenants/{tenant_id}", body, idempotent=True)
 
 
 def get(path: str) -> Request:

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from timewheel.client import Client
+from timewheel.errors import ValidationError
 
 CLIENT_COMMANDS = ("task", "dlq", "tenant", "schedule")
 SCHEDULE_ACTIONS = ("get", "delete", "pause", "resume", "trigger", "runs")
@@ -32,6 +34,30 @@ def _positive_int(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
     return int(text)
+
+
+_UNSET = object()
+"""A tenant-update option not given (None, from 'none', clears the limit)."""
+
+
+def _or_none(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """An option type that also takes 'none' (clear the setting)."""
+
+    def parse_or_none(text: str) -> Any:
+        return None if text.lower() == "none" else parse(text)
+
+    parse_or_none.__name__ = getattr(parse, "__name__", "value")
+    return parse_or_none
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number")
+    return value
 
 
 def _connection(p: argparse.ArgumentParser) -> None:
@@ -110,8 +136,14 @@ def add_client_commands(sub: Any) -> None:
     tcreate.add_argument("tenant_id")
     tcreate.add_argument("--max-payload-bytes", type=_positive_int)
     tcreate.add_argument("--max-pending", type=_positive_int)
-    tcreate.add_argument("--dispatch-rate", type=float)
+    tcreate.add_argument("--dispatch-rate", type=_positive_float)
     _connection(tcreate)
+    tupdate = nsub.add_parser("update", help="change a tenant's limits ('none' clears one)")
+    tupdate.add_argument("tenant_id")
+    tupdate.add_argument("--max-payload-bytes", type=_or_none(_positive_int), default=_UNSET)
+    tupdate.add_argument("--max-pending", type=_or_none(_positive_int), default=_UNSET)
+    tupdate.add_argument("--dispatch-rate", type=_or_none(_positive_float), default=_UNSET)
+    _connection(tupdate)
     key = nsub.add_parser("key", help="issue a key for a tenant (or --revoke KEY_ID)")
     key.add_argument("tenant_id")
     key.add_argument("--revoke", metavar="KEY_ID", help="revoke this key instead")
@@ -202,6 +234,15 @@ def _tenant(tw: Client, args: argparse.Namespace) -> tuple[Any, str]:
             args.tenant_id, max_payload_bytes=args.max_payload_bytes,
             max_pending=args.max_pending, dispatch_rate=args.dispatch_rate,
         )
+        return tenant, _record(dict(tenant))
+    if args.action == "update":
+        names = ("max_payload_bytes", "max_pending", "dispatch_rate")
+        limits = {n: getattr(args, n) for n in names if getattr(args, n) is not _UNSET}
+        if not limits:
+            raise ValidationError(
+                "tenant update: give --max-payload-bytes, --max-pending or --dispatch-rate"
+            )
+        tenant = tw.update_tenant(args.tenant_id, limits)
         return tenant, _record(dict(tenant))
     if args.revoke:
         out = tw.revoke_key(args.tenant_id, args.revoke)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from datetime import datetime
 from types import TracebackType
 from typing import Any, Self, cast
@@ -247,6 +247,10 @@ class Client(ScheduleMethods):
     def get_tenant(self, tenant_id: str) -> Tenant:
         return cast(Tenant, self._json(get(f"/v1/tenants/{tenant_id}")))
 
+    def update_tenant(self, tenant_id: str, limits: Mapping[str, float | None]) -> Tenant:
+        """Change some limits ({"dispatch_rate": 50}); None clears one."""
+        return cast(Tenant, self._json(Requests.update_tenant(tenant_id, limits)))
+
     def create_key(self, tenant_id: str) -> ApiKey:
         return cast(ApiKey, self._json(Request("POST", f"/v1/tenants/{tenant_id}/keys")))
 
@@ -421,6 +425,10 @@ class AsyncClient(AsyncScheduleMethods):
 
     async def get_tenant(self, tenant_id: str) -> Tenant:
         return cast(Tenant, await self._json(get(f"/v1/tenants/{tenant_id}")))
+
+    async def update_tenant(self, tenant_id: str, limits: Mapping[str, float | None]) -> Tenant:
+        """Change some limits ({"dispatch_rate": 50}); None clears one."""
+        return cast(Tenant, await self._json(Requests.update_tenant(tenant_id, limits)))
 
     async def create_key(self, tenant_id: str) -> ApiKey:
         return cast(ApiKey, await self._json(Request("POST", f"/v1/tenants/{tenant_id}/keys")))

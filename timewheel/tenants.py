@@ -21,10 +21,11 @@ import hmac
 import json
 import secrets
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, WatchError
 
 from timewheel.errors import Conflict, NotFound, OverLimit, RedisUnavailable, Unauthorized
 from timewheel.keys import Keys
@@ -119,6 +120,35 @@ class TenantStore:
         if self.rates is not None and limits.dispatch_rate:
             await self.rates.put(tenant_id, limits.dispatch_rate)
         self._tenants.pop(tenant_id, None)
+        return tenant
+
+    async def update_limits(self, tenant_id: str, changes: Mapping[str, Any]) -> Tenant:
+        """Change some of a tenant's limits (a None value clears one); the others stay.
+        Atomic against a concurrent update (WATCH). Raises NotFound."""
+        key = self.keys.tenants()
+        try:
+            async with self.client.pipeline(transaction=True) as pipe:
+                while True:
+                    try:
+                        await pipe.watch(key)
+                        raw = await pipe.hget(key, tenant_id)
+                        if raw is None:
+                            raise NotFound(f"tenant {tenant_id!r} not found")
+                        data = json.loads(raw)
+                        data["limits"] = {**data["limits"], **changes}
+                        pipe.multi()  # type: ignore[no-untyped-call]
+                        pipe.hset(key, tenant_id, json.dumps(data))
+                        await pipe.execute()
+                        break
+                    except WatchError:
+                        continue
+        except (RedisError, OSError) as exc:
+            raise _err(exc) from exc
+        tenant = Tenant(tenant_id, Limits(**data["limits"]), int(data["created_ms"]))
+        if self.rates is not None and "dispatch_rate" in changes:
+            await self.rates.put(tenant_id, tenant.limits.dispatch_rate)
+        self._tenants.pop(tenant_id, None)
+        self._pending.pop(tenant_id, None)
         return tenant
 
     async def get_tenant(self, tenant_id: str, *, cached: bool = False) -> Tenant:

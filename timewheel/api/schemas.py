@@ -14,6 +14,7 @@ from timewheel.api.spec import (
     Array,
     Integer,
     IntText,
+    Nullable,
     Number,
     Obj,
     OneOf,
@@ -125,6 +126,18 @@ TENANT_CREATE = Obj(
     {"id": name_spec("the tenant id"), "limits": LIMITS},
     required=["id"],
     title="TenantCreate",
+)
+
+TENANT_PATCH = Obj(
+    {
+        "limits": Obj(
+            {name: Nullable(spec) for name, spec in LIMITS.fields.items()},
+            title="TenantLimitsPatch",
+            description="the limits to change; null clears one (no limit, or the default)",
+        )
+    },
+    required=["limits"],
+    title="TenantUpdate",
 )
 
 _LIMIT = Param(IntText(1, 1000, "page size (default 100)"), "100")

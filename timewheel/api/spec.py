@@ -79,9 +79,7 @@ class Integer(Spec):
             or not isinstance(value, int)
             or not self.low <= value <= self.high
         ):
-            raise ValidationError(
-                f"{name} must be an integer {self.low}..{self.high}", field=name
-            )
+            raise ValidationError(f"{name} must be an integer {self.low}..{self.high}", field=name)
         return value
 
     def schema(self) -> Schema:
@@ -142,9 +140,7 @@ class OneOf(Spec):
 
     def parse(self, value: object, name: str) -> str:
         if value not in self.values:
-            raise ValidationError(
-                f"{name} must be one of {', '.join(self.values)}", field=name
-            )
+            raise ValidationError(f"{name} must be one of {', '.join(self.values)}", field=name)
         assert isinstance(value, str)
         return value
 
@@ -193,6 +189,27 @@ class NullableTime(Time):
 
     def schema(self) -> Schema:
         return {"type": ["string", "null"], "format": "date-time"}
+
+
+@dataclass
+class Nullable(Spec):
+    """`inner`, or null (e.g. PATCH clearing a setting back to its default)."""
+
+    inner: Spec
+    description: str = ""
+
+    def parse(self, value: object, name: str) -> Any:
+        return None if value is None else self.inner.parse(value, name)
+
+    def schema(self) -> Schema:
+        out = self.inner.schema()
+        out["type"] = [out["type"], "null"]
+        return out
+
+    def documented(self) -> Schema:
+        out = self.inner.documented()
+        out["type"] = [out["type"], "null"]
+        return out
 
 
 @dataclass

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from starlette.responses import JSONResponse, Response
 
 from timewheel.api import schemas
@@ -19,16 +21,27 @@ def _tenant_id(call: Call) -> str:
     return tenant_id
 
 
-async def create_tenant(call: Call) -> Response:
-    limits = Limits(**call.data.get("limits", {}))
+def _check_limits(call: Call, limits: dict[str, Any]) -> dict[str, Any]:
     max_payload = call.engine.settings.max_payload_bytes
-    if limits.max_payload_bytes is not None and limits.max_payload_bytes > max_payload:
+    asked = limits.get("max_payload_bytes")
+    if asked is not None and asked > max_payload:
         raise ValidationError(
             f"limits.max_payload_bytes must be at most the deployment's {max_payload}",
             field="limits.max_payload_bytes",
         )
+    return limits
+
+
+async def create_tenant(call: Call) -> Response:
+    limits = Limits(**_check_limits(call, call.data.get("limits", {})))
     tenant = await call.store.create_tenant(call.data["id"], limits)
     return JSONResponse(tenant.to_json(), status_code=201)
+
+
+async def update_tenant(call: Call) -> Response:
+    changes = _check_limits(call, call.data["limits"])
+    tenant = await call.store.update_limits(_tenant_id(call), changes)
+    return JSONResponse(tenant.to_json())
 
 
 async def get_tenant(call: Call) -> Response:
@@ -55,6 +68,9 @@ TENANT_ENDPOINTS = [
              status=201, response=S.TENANT_OUT, errors=(409,)),
     Endpoint("GET", "/v1/tenants/{tenant_id}", get_tenant, "getTenant",
              "A tenant and its limits (admin)", role=ADMIN, response=S.TENANT_OUT),
+    Endpoint("PATCH", "/v1/tenants/{tenant_id}", update_tenant, "updateTenant",
+             "Change some of a tenant's limits; null clears one; applies within 1 s (admin)",
+             role=ADMIN, body=S.TENANT_PATCH, response=S.TENANT_OUT),
     Endpoint("POST", "/v1/tenants/{tenant_id}/keys", issue_key, "createKey",
              "Issue an API key for the tenant; the key is in this answer only (admin)",
              role=ADMIN, status=201, response=S.KEY_OUT),
