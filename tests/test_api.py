@@ -89,6 +89,30 @@ async def test_create_get_patch_delete(client: httpx.AsyncClient) -> None:
     )
 
 
+async def test_window_spreads_run_at_and_a_reschedule_sets_the_exact_time(
+    client: httpx.AsyncClient,
+) -> None:
+    run_at = in_future(60)
+    tasks = []
+    for _ in range(20):
+        resp = await client.post("/v1/tasks", json={"run_at": run_at, "window_s": 600})
+        assert resp.status_code == 201, resp.text
+        tasks.append(resp.json())
+    times = [_ms(t["run_at"]) for t in tasks]
+    assert all(_ms(run_at) <= t <= _ms(run_at) + 600_000 for t in times)
+    assert len(set(times)) > 15
+    assert tasks[0]["window_s"] == 600
+    exact = in_future(120)
+    patched = await client.patch(f"/v1/tasks/{tasks[0]['id']}", json={"run_at": exact})
+    assert _ms(patched.json()["run_at"]) == _ms(exact)
+    assert_error(
+        await client.post("/v1/tasks", json={"delay": 1, "window_s": -5}),
+        422,
+        "invalid",
+        "window_s",
+    )
+
+
 async def test_idempotent_create_answers_200_with_the_existing_task(
     client: httpx.AsyncClient,
 ) -> None:

@@ -61,6 +61,8 @@ def validate_name(value: object, field_name: str) -> str:
 
 CREATE_CHUNK = 200
 """Most tasks one create.lua call carries (keeps a call near a few ms)."""
+MAX_WINDOW_S = 86_400
+"""Longest `window_s` a task may be spread over (DESIGN.md section 8)."""
 
 _LAG_BOUNDS = ",".join(str(b) for b in LAG_BUCKETS_MS)
 """tick.lua's ARGV[8]: the lag histogram's bounds, counted inside the call."""
@@ -90,6 +92,18 @@ class NewTask:
 
 def _opt_int(value: Any) -> int | None:
     return None if value is None or int(value) < 0 else int(value)
+
+
+def _window_ms(options: Mapping[str, JSONValue]) -> int:
+    """A task's `window_s` option in ms (0 without one). Raises ValidationError."""
+    window = options.get("window_s")
+    if window is None:
+        return 0
+    if isinstance(window, bool) or not isinstance(window, int | float):
+        raise ValidationError("window_s must be a number", field="window_s")
+    if not 0 <= window <= MAX_WINDOW_S:
+        raise ValidationError(f"window_s must be between 0 and {MAX_WINDOW_S}", field="window_s")
+    return round(window * 1000)
 
 
 def _tenant_counts(flat: list[Any]) -> dict[str, int]:
@@ -268,12 +282,13 @@ class Engine(OutcomeOps, ScheduleOps):
             token = ids.new_token()
         shard = ids.shard_for(new.tenant, token, self.settings.default_spread, self.settings.shards)
         task_id = ids.make_task_id(shard, token)
+        offset = ids.spread_ms(token, _window_ms(new.options))
         group: list[ScriptArg] = [
             task_id,
             new.tenant,
             new.queue,
-            "" if new.run_at_ms is None else new.run_at_ms,
-            0 if new.delay_ms is None else new.delay_ms,
+            "" if new.run_at_ms is None else new.run_at_ms + offset,
+            0 if new.delay_ms is None else new.delay_ms + offset,
             new.payload_json,
             json.dumps(dict(new.options), separators=(",", ":")) if new.options else "",
             "1" if new.idempotency_key is not None else "0",

@@ -25,7 +25,7 @@ from timewheel.api.spec import (
     Time,
     name_spec,
 )
-from timewheel.engine import NewTask
+from timewheel.engine import MAX_WINDOW_S, NewTask
 from timewheel.errors import ValidationError
 from timewheel.models import JSONValue
 
@@ -85,7 +85,9 @@ CREATE = Obj(
         "retry": RETRY,
         "visibility_timeout_s": Number(0.1, 86400 * 7, "executor lease without heartbeat"),
         "expires_at": Time("dead-letter (reason expired) if not dispatched by then"),
-        "window_s": Number(0, 86400, "allowed spread after run_at"),
+        "window_s": Number(
+            0, MAX_WINDOW_S, "spread: the run is due at a time in [run_at, run_at + window_s]"
+        ),
     },
     checks=[_one_time(required=True)],
     extra_schema={
