@@ -134,12 +134,25 @@ async def test_schedule_endpoints(client: httpx.AsyncClient) -> None:
         ({"every_s": 60, "max_runs": 0}, "max_runs"),
         ({"every_s": 60, "start_at": "tomorrow"}, "start_at"),
         ({"every_s": 60, "colour": "red"}, "colour"),
+        ({"every_s": 60, "jitter_s": -1}, "jitter_s"),
+        ({"every_s": 60, "jitter_s": 86_401}, "jitter_s"),
     ],
 )
 async def test_invalid_schedules_get_422_naming_the_field(
     client: httpx.AsyncClient, body: dict[str, object], field: str
 ) -> None:
     assert_error(await client.post("/v1/schedules", json=body), 422, "invalid", field)
+
+
+async def test_jitter_delays_each_run_by_the_schedules_own_offset(
+    client: httpx.AsyncClient,
+) -> None:
+    made = (await client.post("/v1/schedules", json={"cron": "0 0 * * *", "jitter_s": 600})).json()
+    assert made["jitter_s"] == 600 and 0 <= made["jitter_offset_ms"] <= 600_000
+    midnight = _ms(made["next_run_at"]) - made["jitter_offset_ms"]
+    assert midnight % 86_400_000 == 0  # the fire time is midnight UTC; the run is due after
+    patched = (await client.patch(f"/v1/schedules/{made['id']}", json={"jitter_s": 0})).json()
+    assert _ms(patched["next_run_at"]) == midnight and "jitter_offset_ms" not in patched
 
 
 async def test_unknown_and_foreign_schedules_are_404(client: httpx.AsyncClient) -> None:

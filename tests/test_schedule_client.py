@@ -131,11 +131,14 @@ def test_schedule_cli(api_server: ApiServer, tenant_key: str) -> None:
     def run(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([*cli, *args, *conn], capture_output=True, text=True, timeout=60)
 
-    made = run("create", "--every-s", "60", "--payload", '{"a": 1}', "--overlap", "skip")
+    made = run(
+        "create", "--every-s", "60", "--payload", '{"a": 1}', "--overlap", "skip",
+        "--jitter-s", "30",
+    )
     assert made.returncode == 0, made.stderr
     sid = json.loads(made.stdout)["id"]
     for action, check in (
-        ("get", lambda out: out["overlap"] == "skip"),
+        ("get", lambda out: out["overlap"] == "skip" and out["jitter_s"] == 30),
         ("pause", lambda out: out["state"] == "paused"),
         ("resume", lambda out: out["state"] == "active"),
         ("trigger", lambda out: out["run_id"].startswith(sid)),

@@ -123,6 +123,9 @@ def add_client_commands(sub: Any) -> None:
     screate.add_argument("--payload", type=_json_arg)
     screate.add_argument("--catchup", choices=["skip", "latest", "all"])
     screate.add_argument("--overlap", choices=["allow", "skip", "buffer_one"])
+    screate.add_argument(
+        "--jitter-s", type=_positive_float, help="runs due a fixed offset up to this after fire"
+    )
     screate.add_argument("--paused", action="store_true", default=None)
     _connection(screate)
     for name in SCHEDULE_ACTIONS:
@@ -256,6 +259,7 @@ def _schedule(tw: Client, args: argparse.Namespace) -> tuple[Any, str]:
         out = tw.create_schedule(
             cron=args.cron, every_s=args.every_s, timezone=args.timezone, queue=args.queue,
             payload=args.payload, catchup=args.catchup, overlap=args.overlap, paused=args.paused,
+            jitter_s=args.jitter_s,
         )
         return out, _record(out)
     method = getattr(tw, f"{args.action}_schedule" if args.action != "runs" else "schedule_runs")

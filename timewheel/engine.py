@@ -19,7 +19,7 @@ from typing import Any
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 
-from timewheel import ids, record
+from timewheel import ids, record, spread
 from timewheel.config import Settings
 from timewheel.errors import (
     ConfigError,
@@ -61,8 +61,6 @@ def validate_name(value: object, field_name: str) -> str:
 
 CREATE_CHUNK = 200
 """Most tasks one create.lua call carries (keeps a call near a few ms)."""
-MAX_WINDOW_S = 86_400
-"""Longest `window_s` a task may be spread over (DESIGN.md section 8)."""
 
 _LAG_BOUNDS = ",".join(str(b) for b in LAG_BUCKETS_MS)
 """tick.lua's ARGV[8]: the lag histogram's bounds, counted inside the call."""
@@ -92,18 +90,6 @@ class NewTask:
 
 def _opt_int(value: Any) -> int | None:
     return None if value is None or int(value) < 0 else int(value)
-
-
-def _window_ms(options: Mapping[str, JSONValue]) -> int:
-    """A task's `window_s` option in ms (0 without one). Raises ValidationError."""
-    window = options.get("window_s")
-    if window is None:
-        return 0
-    if isinstance(window, bool) or not isinstance(window, int | float):
-        raise ValidationError("window_s must be a number", field="window_s")
-    if not 0 <= window <= MAX_WINDOW_S:
-        raise ValidationError(f"window_s must be between 0 and {MAX_WINDOW_S}", field="window_s")
-    return round(window * 1000)
 
 
 def _tenant_counts(flat: list[Any]) -> dict[str, int]:
@@ -282,7 +268,7 @@ class Engine(OutcomeOps, ScheduleOps):
             token = ids.new_token()
         shard = ids.shard_for(new.tenant, token, self.settings.default_spread, self.settings.shards)
         task_id = ids.make_task_id(shard, token)
-        offset = ids.spread_ms(token, _window_ms(new.options))
+        offset = spread.offset_ms(token, spread.option_ms(new.options, "window_s"))
         group: list[ScriptArg] = [
             task_id,
             new.tenant,

@@ -37,16 +37,6 @@ def idempotent_token(tenant: str, key: str) -> str:
     return _encode(int.from_bytes(digest[:9], "big"))
 
 
-def spread_ms(token: str, window_ms: int) -> int:
-    """A task's place in its `window` (DESIGN.md section 8): an offset in [0, window_ms],
-    uniform over tokens and fixed by the token, so a retried idempotent create lands at
-    the same time."""
-    if window_ms <= 0:
-        return 0
-    digest = hashlib.blake2b(token.encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") % (window_ms + 1)
-
-
 def tenant_shards(tenant: str, spread: int, shards: int) -> list[int]:
     """The shards a tenant's tasks are placed in: `spread` consecutive shards from a hash."""
     base = zlib.crc32(tenant.encode())

@@ -31,6 +31,7 @@ def schedule_body(
     retry: dict[str, Any] | None = None,
     catchup: Catchup | None = None,
     catchup_window_s: float | None = None,
+    jitter_s: float | None = None,
     overlap: Overlap | None = None,
     paused: bool | None = None,
 ) -> dict[str, Any]:
@@ -48,6 +49,7 @@ def schedule_body(
             "retry": retry,
             "catchup": catchup,
             "catchup_window_s": catchup_window_s,
+            "jitter_s": jitter_s,
             "overlap": overlap,
             "paused": paused,
         }
@@ -83,6 +85,7 @@ class ScheduleMethods:
         retry: dict[str, Any] | None = None,
         catchup: Catchup | None = None,
         catchup_window_s: float | None = None,
+        jitter_s: float | None = None,
         overlap: Overlap | None = None,
         paused: bool | None = None,
     ) -> Schedule:
@@ -90,7 +93,7 @@ class ScheduleMethods:
         body = schedule_body(
             cron=cron, timezone=timezone, every_s=every_s, queue=queue, payload=payload,
             start_at=start_at, end_at=end_at, max_runs=max_runs, retry=retry, catchup=catchup,
-            catchup_window_s=catchup_window_s, overlap=overlap, paused=paused,
+            catchup_window_s=catchup_window_s, jitter_s=jitter_s, overlap=overlap, paused=paused,
         )
         return cast(Schedule, self._json(Request("POST", "/v1/schedules", body)))
 
@@ -112,6 +115,7 @@ class ScheduleMethods:
         retry: dict[str, Any] | None = None,
         catchup: Catchup | None = None,
         catchup_window_s: float | None = None,
+        jitter_s: float | None = None,
         overlap: Overlap | None = None,
         paused: bool | None = None,
     ) -> Schedule:
@@ -119,7 +123,7 @@ class ScheduleMethods:
         body = schedule_body(
             cron=cron, timezone=timezone, every_s=every_s, queue=queue, payload=payload,
             start_at=start_at, end_at=end_at, max_runs=max_runs, retry=retry, catchup=catchup,
-            catchup_window_s=catchup_window_s, overlap=overlap, paused=paused,
+            catchup_window_s=catchup_window_s, jitter_s=jitter_s, overlap=overlap, paused=paused,
         )
         return cast(Schedule, self._json(Request("PATCH", _path(schedule_id), body)))
 
@@ -165,6 +169,7 @@ class AsyncScheduleMethods:
         retry: dict[str, Any] | None = None,
         catchup: Catchup | None = None,
         catchup_window_s: float | None = None,
+        jitter_s: float | None = None,
         overlap: Overlap | None = None,
         paused: bool | None = None,
     ) -> Schedule:
@@ -172,7 +177,7 @@ class AsyncScheduleMethods:
         body = schedule_body(
             cron=cron, timezone=timezone, every_s=every_s, queue=queue, payload=payload,
             start_at=start_at, end_at=end_at, max_runs=max_runs, retry=retry, catchup=catchup,
-            catchup_window_s=catchup_window_s, overlap=overlap, paused=paused,
+            catchup_window_s=catchup_window_s, jitter_s=jitter_s, overlap=overlap, paused=paused,
         )
         return cast(Schedule, await self._json(Request("POST", "/v1/schedules", body)))
 
@@ -194,6 +199,7 @@ class AsyncScheduleMethods:
         retry: dict[str, Any] | None = None,
         catchup: Catchup | None = None,
         catchup_window_s: float | None = None,
+        jitter_s: float | None = None,
         overlap: Overlap | None = None,
         paused: bool | None = None,
     ) -> Schedule:
@@ -201,7 +207,7 @@ class AsyncScheduleMethods:
         body = schedule_body(
             cron=cron, timezone=timezone, every_s=every_s, queue=queue, payload=payload,
             start_at=start_at, end_at=end_at, max_runs=max_runs, retry=retry, catchup=catchup,
-            catchup_window_s=catchup_window_s, overlap=overlap, paused=paused,
+            catchup_window_s=catchup_window_s, jitter_s=jitter_s, overlap=overlap, paused=paused,
         )
         return cast(Schedule, await self._json(Request("PATCH", _path(schedule_id), body)))
 

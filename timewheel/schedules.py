@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import RedisError
 
-from timewheel import ids
+from timewheel import ids, spread
 from timewheel.errors import RedisUnavailable, ScriptError, TaskNotFound, ValidationError
 from timewheel.models import JSONValue, ms_to_rfc3339
 from timewheel.pipeline import ScriptCall, run_pipeline
@@ -51,7 +51,7 @@ class NewSchedule:
     queue: str = "default"
     payload_json: str = "null"
     options: dict[str, JSONValue] = field(default_factory=dict)
-    """Options every run gets: retry, visibility_timeout_s."""
+    """Options every run gets: retry, visibility_timeout_s; and jitter_s."""
     catchup: str = "skip"
     catchup_window_ms: int = 3_600_000
     overlap: str = "allow"
@@ -77,7 +77,7 @@ class ScheduleChanges:
     queue: str | None = None
     payload_json: str | None = None
     options: dict[str, JSONValue] | None = None
-    """Run options set over the current ones (retry, visibility_timeout_s)."""
+    """Run options set over the current ones (retry, visibility_timeout_s, jitter_s)."""
     catchup: str | None = None
     catchup_window_ms: int | None = None
     overlap: str | None = None
@@ -185,6 +185,16 @@ def spec_from_json(text: str) -> ScheduleSpec:
     )
 
 
+def jittered(sid: str, options: dict[str, JSONValue]) -> dict[str, JSONValue]:
+    """Run options with the schedule's jitter offset for their jitter_s (lua/lib/schedule.lua
+    makes each run due that long after its fire time). Raises ValidationError."""
+    jitter_ms = spread.option_ms(options, "jitter_s")
+    out = {k: v for k, v in options.items() if k != "jitter_offset_ms"}
+    if jitter_ms:
+        out["jitter_offset_ms"] = spread.offset_ms(sid, jitter_ms)
+    return out
+
+
 def _fires_arg(fires: Sequence[int]) -> str:
     return ",".join(map(str, fires))
 
@@ -250,6 +260,7 @@ class ScheduleOps:
         if spec.every_s is not None and spec.anchor_ms is None and spec.start_at_ms is None:
             spec = dataclasses.replace(spec, anchor_ms=now)
         cursor, fires, after = self._first_plan(spec, now)
+        options = jittered(sid, new.options)
         reply = await self.write(
             self.scripts.schedule_create,
             keys,
@@ -258,7 +269,7 @@ class ScheduleOps:
                 new.tenant,
                 new.queue,
                 new.payload_json,
-                json.dumps(new.options, separators=(",", ":")) if new.options else "",
+                json.dumps(options, separators=(",", ":")) if options else "",
                 spec_json(spec),
                 new.catchup,
                 new.catchup_window_ms,
@@ -300,7 +311,10 @@ class ScheduleOps:
             )
         except (RedisError, OSError) as exc:
             raise RedisUnavailable(f"cannot read schedule: {exc}") from exc
+        options = json.loads(h["opts"]) if h.get("opts") else {}
         next_ms = int(h.get("next_ms", "-1"))
+        if next_ms >= 0:  # a fire time not planned yet: its run will be due after the offset
+            next_ms += int(options.get("jitter_offset_ms", 0))
         state = h.get("state", "active")
         if first:
             next_ms = int(first[0][1])
@@ -314,7 +328,7 @@ class ScheduleOps:
             queue=h["queue"],
             spec=spec_from_json(h["spec"]),
             payload_json=h["payload"],
-            options=json.loads(h["opts"]) if h.get("opts") else {},
+            options=options,
             catchup=h["catchup"],
             catchup_window_ms=int(h["window_ms"]),
             overlap=h["overlap"],
@@ -365,7 +379,7 @@ class ScheduleOps:
         if changes.payload_json is not None:
             put("payload", changes.payload_json)
         if changes.options:
-            opts = {**current.options, **changes.options}
+            opts = jittered(sid, {**current.options, **changes.options})
             put("opts", json.dumps(opts, separators=(",", ":")))
         if changes.catchup is not None:
             put("catchup", changes.catchup)

@@ -17,12 +17,17 @@
 -- catchup, window_ms, overlap, and next_ms (the schedule's next fire time after this
 -- one, which decides 'latest'). Manual and backfilled runs carry origin instead and
 -- are exempt from catchup and overlap.
+-- Jitter: a schedule's opts may hold jitter_offset_ms (timewheel/schedules.py picks it
+-- per schedule within its jitter_s). Each run is then due that long after its fire time:
+-- its record, wheel place and sr score say fire + offset, and lateness is measured from
+-- there; its id, the cursor and next_ms keep the fire time.
 
 local function schedule_key(tag, sid)
   return tag .. 's:' .. sid
 end
 
--- Whether a run fired at `fire` still runs at `now`, or is skipped as a misfire.
+-- Whether a run due at `fire` (its fire time plus any jitter offset) still runs at
+-- `now`, or is skipped as a misfire.
 -- o: catchup, window_ms, next_ms (-1 = no later fire time known to be due).
 local function schedule_runs_late(o, fire, now, misfire_ms)
   if now - fire <= misfire_ms then
@@ -34,7 +39,7 @@ local function schedule_runs_late(o, fire, now, misfire_ms)
   if o.catchup == 'latest' then
     -- The newest missed fire time runs: the one whose successor is not missed too.
     local nxt = tonumber(o.next_ms) or -1
-    return nxt < 0 or now - nxt <= misfire_ms
+    return nxt < 0 or now - (nxt + (tonumber(o.jitter_offset_ms) or 0)) <= misfire_ms
   end
   return false  -- skip
 end
@@ -65,23 +70,25 @@ local function schedule_plan(ctx, sid, s, fires, after)
   base.catchup, base.window_ms, base.overlap = s.catchup, tonumber(s.window_ms), s.overlap
   -- The opts JSON of every run is this object plus its own next_ms: encode it once.
   local head = string.sub(cjson.encode(base), 1, -2) .. ',"next_ms":'
+  local offset = tonumber(base.jitter_offset_ms) or 0
   local added, skipped = 0, 0
   for i = 1, #fires do
     local fire = fires[i]
+    local due = fire + offset
     local nxt = fires[i + 1] or after
     local run_id = sid .. '@' .. fire
     base.next_ms = nxt
-    if not schedule_runs_late(base, fire, ctx.now, ctx.misfire_ms) then
-      schedule_skip(ctx, run_id, s.tenant, fire, 'misfire')
+    if not schedule_runs_late(base, due, ctx.now, ctx.misfire_ms) then
+      schedule_skip(ctx, run_id, s.tenant, due, 'misfire')
       skipped = skipped + 1
     else
-      local rec = record_pack({ ST_SCHEDULED, 0, fire, s.tenant, s.queue, ctx.now, s.payload,
+      local rec = record_pack({ ST_SCHEDULED, 0, due, s.tenant, s.queue, ctx.now, s.payload,
         head .. string.format('%d', nxt) .. '}', nil, nil, sid, nil })
       if record_create(body_key(tag, run_id), run_id, rec) == 1 then
-        if wheel_place(tag, tag .. 'meta', run_id, s.tenant, fire, ctx.bucket_ms) == 1 then
+        if wheel_place(tag, tag .. 'meta', run_id, s.tenant, due, ctx.bucket_ms) == 1 then
           ctx.wake = 1
         end
-        redis.call('ZADD', tag .. 'sr:' .. sid, fire, run_id)
+        redis.call('ZADD', tag .. 'sr:' .. sid, due, run_id)
         added = added + 1
       end
     end

@@ -23,6 +23,7 @@ from timewheel.errors import ValidationError
 from timewheel.models import JSONValue
 from timewheel.schedule import ScheduleSpec
 from timewheel.schedules import CATCHUPS, OVERLAPS, NewSchedule, ScheduleChanges
+from timewheel.spread import MAX_SPREAD_S
 
 MAX_WINDOW_S = 366 * 86400
 TIMING_FIELDS = ("cron", "timezone", "every_s", "start_at", "end_at")
@@ -62,6 +63,9 @@ _FIELDS: dict[str, Any] = {
     "catchup": OneOf(CATCHUPS, "fire times missed by more than misfire_ms (default skip)"),
     "catchup_window_s": Number(0, MAX_WINDOW_S, "how far back catchup all goes (default 1 h)"),
     "overlap": OneOf(OVERLAPS, "a fire time while the previous run is in flight"),
+    "jitter_s": Number(
+        0, MAX_SPREAD_S, "every run due a fixed offset in [0, jitter_s] after its fire time"
+    ),
 }
 
 SCHEDULE_CREATE = Obj(
@@ -115,7 +119,7 @@ def _spec(data: dict[str, Any], base: ScheduleSpec | None = None) -> ScheduleSpe
 
 
 def _run_options(data: dict[str, Any]) -> dict[str, JSONValue]:
-    return {k: data[k] for k in ("retry", "visibility_timeout_s") if k in data}
+    return {k: data[k] for k in ("retry", "visibility_timeout_s", "jitter_s") if k in data}
 
 
 def _window_ms(data: dict[str, Any]) -> int | None:
@@ -187,6 +191,8 @@ SCHEDULE: Schema = {
         "updated_at": TIME,
         "retry": {"type": "object"},
         "visibility_timeout_s": {"type": "number"},
+        "jitter_s": {"type": "number"},
+        "jitter_offset_ms": {"type": "integer", "description": "this schedule's offset"},
     },
 }
 

@@ -25,9 +25,10 @@ from timewheel.api.spec import (
     Time,
     name_spec,
 )
-from timewheel.engine import MAX_WINDOW_S, NewTask
+from timewheel.engine import NewTask
 from timewheel.errors import ValidationError
 from timewheel.models import JSONValue
+from timewheel.spread import MAX_SPREAD_S
 
 MAX_DELAY_S = 10 * 365 * 86400
 MAX_BATCH = 1000
@@ -86,7 +87,7 @@ CREATE = Obj(
         "visibility_timeout_s": Number(0.1, 86400 * 7, "executor lease without heartbeat"),
         "expires_at": Time("dead-letter (reason expired) if not dispatched by then"),
         "window_s": Number(
-            0, MAX_WINDOW_S, "spread: the run is due at a time in [run_at, run_at + window_s]"
+            0, MAX_SPREAD_S, "spread: the run is due at a time in [run_at, run_at + window_s]"
         ),
     },
     checks=[_one_time(required=True)],
