@@ -101,6 +101,7 @@ async def test_rates_are_copied_to_the_tenants_shards_and_resynced(engine: Engin
     other = next(s for s in range(engine.settings.shards) if s not in shards)
     await engine.client.hdel(k.rates(shards[0]), "limited")  # lost between the two writes
     await engine.client.hset(k.rates(other), "ghost", "5")  # a tenant that has no rate now
+    await engine.client.hset(k.tenants(), "broken", "{not json")  # skipped, not fatal
     assert await rates.sync() == 2
     assert await copies("limited") == want
     assert await copies("ghost") == {}

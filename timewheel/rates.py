@@ -20,11 +20,14 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
+import structlog
 from redis.exceptions import RedisError
 
 from timewheel.errors import RedisUnavailable
 from timewheel.keys import Keys
 from timewheel.redis_client import RedisClient
+
+log = structlog.get_logger("timewheel.rates")
 
 SYNC_EVERY_S = 30.0
 
@@ -63,9 +66,13 @@ class DispatchRates:
         """What every shard's rates hash should hold, read from the tenants hash."""
         out: dict[int, dict[str, str]] = {shard: {} for shard in range(self.shards)}
         async for tenant, raw in self.client.hscan_iter(self.keys.tenants(), count=1000):
-            rate = json.loads(raw)["limits"].get("dispatch_rate")
-            if rate:
-                name = tenant.decode() if isinstance(tenant, bytes) else tenant
+            name = tenant.decode() if isinstance(tenant, bytes) else tenant
+            try:
+                rate = json.loads(raw)["limits"].get("dispatch_rate")
+            except (ValueError, KeyError, TypeError, AttributeError):
+                log.warning("tenant_record_unreadable", tenant=name)
+                continue
+            if isinstance(rate, int | float) and rate > 0:
                 shards = self.shards_of(name)
                 for shard in shards:
                     out[shard][name] = share_text(rate, len(shards))

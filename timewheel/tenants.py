@@ -33,6 +33,8 @@ from timewheel.rates import DispatchRates
 from timewheel.redis_client import RedisClient
 
 CACHE_TTL_S = 1.0
+UPDATE_TRIES = 20
+"""How often update_limits reads again when a concurrent change got in first."""
 ADMIN = "admin"
 TENANT = "tenant"
 
@@ -128,7 +130,7 @@ class TenantStore:
         key = self.keys.tenants()
         try:
             async with self.client.pipeline(transaction=True) as pipe:
-                while True:
+                for _ in range(UPDATE_TRIES):
                     try:
                         await pipe.watch(key)
                         raw = await pipe.hget(key, tenant_id)
@@ -142,6 +144,8 @@ class TenantStore:
                         break
                     except WatchError:
                         continue
+                else:
+                    raise Conflict(f"tenant {tenant_id!r} kept changing; try again")
         except (RedisError, OSError) as exc:
             raise _err(exc) from exc
         tenant = Tenant(tenant_id, Limits(**data["limits"]), int(data["created_ms"]))
