@@ -155,6 +155,30 @@ async def test_jitter_delays_each_run_by_the_schedules_own_offset(
     assert _ms(patched["next_run_at"]) == midnight and "jitter_offset_ms" not in patched
 
 
+async def test_list_pages_through_the_tenants_schedules_only(client: httpx.AsyncClient) -> None:
+    made = set()
+    for n in range(5):
+        resp = await client.post("/v1/schedules", json={"every_s": 60 + n})
+        made.add(resp.json()["id"])
+    other = client.other_headers  # type: ignore[attr-defined]
+    await client.post("/v1/schedules", json={"every_s": 60}, headers=other)
+    seen: list[str] = []
+    cursor = None
+    for _ in range(20):
+        params = {"limit": 2, **({"cursor": cursor} if cursor else {})}
+        page = (await client.get("/v1/schedules", params=params)).json()
+        assert len(page["items"]) <= 2
+        seen.extend(item["id"] for item in page["items"])
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert sorted(seen) == sorted(made)
+    theirs = (await client.get("/v1/schedules", headers=other)).json()
+    assert len(theirs["items"]) == 1 and theirs["items"][0]["id"] not in made
+    assert_error(await client.get("/v1/schedules?cursor=zz"), 422, "invalid", "cursor")
+    assert_error(await client.get("/v1/schedules?limit=0"), 422, "invalid", "limit")
+
+
 async def test_unknown_and_foreign_schedules_are_404(client: httpx.AsyncClient) -> None:
     sid = (await client.post("/v1/schedules", json={"every_s": 60})).json()["id"]
     other = client.other_headers  # type: ignore[attr-defined]

@@ -137,6 +137,9 @@ def test_schedule_cli(api_server: ApiServer, tenant_key: str) -> None:
     )
     assert made.returncode == 0, made.stderr
     sid = json.loads(made.stdout)["id"]
+    listed = run("list")
+    assert listed.returncode == 0, listed.stderr
+    assert sid in [s["id"] for s in json.loads(listed.stdout)]
     for action, check in (
         ("get", lambda out: out["overlap"] == "skip" and out["jitter_s"] == 30),
         ("pause", lambda out: out["state"] == "paused"),

@@ -20,6 +20,7 @@ from timewheel.errors import ValidationError
 CLIENT_COMMANDS = ("task", "dlq", "tenant", "schedule")
 SCHEDULE_ACTIONS = ("get", "delete", "pause", "resume", "trigger", "runs")
 TASK_COLUMNS = ("id", "queue", "state", "attempt", "run_at")
+SCHEDULE_COLUMNS = ("id", "cron", "every_s", "queue", "state", "next_run_at")
 DEAD_COLUMNS = ("run_id", "queue", "attempt", "reason", "dead_at", "error")
 
 
@@ -128,6 +129,8 @@ def add_client_commands(sub: Any) -> None:
     )
     screate.add_argument("--paused", action="store_true", default=None)
     _connection(screate)
+    slist = ssub.add_parser("list", help="your schedules (every page)")
+    _connection(slist)
     for name in SCHEDULE_ACTIONS:
         p = ssub.add_parser(name, help=f"{name} a schedule")
         p.add_argument("schedule_id")
@@ -262,6 +265,16 @@ def _schedule(tw: Client, args: argparse.Namespace) -> tuple[Any, str]:
             jitter_s=args.jitter_s,
         )
         return out, _record(out)
+    if args.action == "list":
+        items: list[Any] = []
+        cursor = None
+        for _ in range(100_000):  # bounded; pages may be short, the cursor says when it ends
+            page = tw.list_schedules(limit=1000, cursor=cursor)
+            items.extend(page["items"])
+            cursor = page["next_cursor"]
+            if cursor is None:
+                break
+        return items, table(items, SCHEDULE_COLUMNS)
     method = getattr(tw, f"{args.action}_schedule" if args.action != "runs" else "schedule_runs")
     out = method(args.schedule_id)
     return out, _record(out)

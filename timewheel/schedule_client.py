@@ -1,5 +1,5 @@
 """Schedule methods of the SDK, against the URL contract of the schedules API (issue 5):
-POST /v1/schedules, GET/PATCH/DELETE /v1/schedules/{id},
+POST /v1/schedules, GET /v1/schedules, GET/PATCH/DELETE /v1/schedules/{id},
 POST /v1/schedules/{id}/pause|resume|trigger|backfill, GET /v1/schedules/{id}/runs.
 
 Mixed into Client and AsyncClient; the server side is timewheel/api/schedule_routes.py.
@@ -14,6 +14,8 @@ from timewheel.calls import Request, drop_none, get, time_arg
 
 Schedule = dict[str, Any]
 """A schedule as the API returns it (id, state, next_run_at ...: api/schedule_schemas.py)."""
+SchedulePage = dict[str, Any]
+"""{"items": [Schedule, ...], "next_cursor": str | None}."""
 Catchup = Literal["skip", "latest", "all"]
 Overlap = Literal["allow", "skip", "buffer_one"]
 
@@ -60,6 +62,11 @@ def _path(schedule_id: str, action: str = "") -> str:
     return f"/v1/schedules/{schedule_id}" + (f"/{action}" if action else "")
 
 
+def _list(limit: int | None, cursor: str | None) -> Request:
+    params = drop_none({"limit": limit, "cursor": cursor})
+    return Request("GET", "/v1/schedules", params=params, idempotent=True)
+
+
 def backfill_body(start_at: datetime | str, end_at: datetime | str) -> dict[str, Any]:
     """The backfill body: every fire time in [from, to] (api/schedule_schemas.BACKFILL)."""
     return {"from": time_arg(start_at), "to": time_arg(end_at)}
@@ -99,6 +106,12 @@ class ScheduleMethods:
 
     def get_schedule(self, schedule_id: str) -> Schedule:
         return cast(Schedule, self._json(get(_path(schedule_id))))
+
+    def list_schedules(
+        self, *, limit: int | None = None, cursor: str | None = None
+    ) -> SchedulePage:
+        """One page; a page may be short (even empty) while next_cursor is not None."""
+        return cast(SchedulePage, self._json(_list(limit, cursor)))
 
     def update_schedule(
         self,
@@ -183,6 +196,12 @@ class AsyncScheduleMethods:
 
     async def get_schedule(self, schedule_id: str) -> Schedule:
         return cast(Schedule, await self._json(get(_path(schedule_id))))
+
+    async def list_schedules(
+        self, *, limit: int | None = None, cursor: str | None = None
+    ) -> SchedulePage:
+        """One page; a page may be short (even empty) while next_cursor is not None."""
+        return cast(SchedulePage, await self._json(_list(limit, cursor)))
 
     async def update_schedule(
         self,

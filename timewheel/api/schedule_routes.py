@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from starlette.responses import JSONResponse, Response
 
+from timewheel import schedulelist
 from timewheel.api import schedule_schemas as S
 from timewheel.api.endpoints import Call, Endpoint
 from timewheel.api.routes import check_tenant_payload, event_json
@@ -23,6 +24,14 @@ async def create_schedule(call: Call) -> Response:
     check_tenant_payload(tenant, new.payload_json)
     schedule, created = await engine.create_schedule(new)
     return JSONResponse(schedule.to_json(), status_code=201 if created else 200)
+
+
+async def list_schedules(call: Call) -> Response:
+    q = call.query
+    items, next_cursor = await schedulelist.list_schedules(
+        call.engine, call.tenant_id, limit=q["limit"], cursor=q["cursor"]
+    )
+    return JSONResponse({"items": [s.to_json() for s in items], "next_cursor": next_cursor})
 
 
 async def get_schedule(call: Call) -> Response:
@@ -115,6 +124,9 @@ SCHEDULE_ENDPOINTS = [
     Endpoint("POST", "/v1/schedules", create_schedule, "createSchedule",
              "Create a recurring schedule (cron in a time zone, or every N seconds)",
              body=S.SCHEDULE_CREATE, status=201, response=S.SCHEDULE, extra_statuses=(200,)),
+    Endpoint("GET", "/v1/schedules", list_schedules, "listSchedules",
+             "The tenant's schedules, a page at a time (follow next_cursor until null)",
+             query=S.SCHEDULE_PAGE, response=S.SCHEDULE_PAGE_OUT),
     Endpoint("GET", _ONE, get_schedule, "getSchedule", "A schedule", response=S.SCHEDULE),
     Endpoint("PATCH", _ONE, update_schedule, "updateSchedule",
              "Change a schedule (its runs not yet sent are replaced at once); pause or resume",

@@ -10,10 +10,13 @@ from timewheel.api.spec import (
     AnyJSON,
     Bool,
     Integer,
+    IntText,
     NullableTime,
     Number,
     Obj,
     OneOf,
+    Param,
+    Query,
     Schema,
     Text,
     Time,
@@ -193,6 +196,25 @@ SCHEDULE: Schema = {
         "visibility_timeout_s": {"type": "number"},
         "jitter_s": {"type": "number"},
         "jitter_offset_ms": {"type": "integer", "description": "this schedule's offset"},
+    },
+}
+
+SCHEDULE_PAGE = Query(
+    {
+        "limit": Param(IntText(1, 1000, "page size (default 100)"), "100"),
+        "cursor": Param(
+            Text(1, 64, r"\d{1,4}\.\d{1,20}\.[0-9a-z]{0,20}", "cursor is not one this API gave out")
+        ),
+    }
+)
+
+SCHEDULE_PAGE_OUT: Schema = {
+    "title": "SchedulePage",
+    "type": "object",
+    "required": ["items", "next_cursor"],
+    "properties": {
+        "items": {"type": "array", "items": SCHEDULE},
+        "next_cursor": {"type": ["string", "null"]},
     },
 }
 

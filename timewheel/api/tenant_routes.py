@@ -62,6 +62,8 @@ async def revoke_key(call: Call) -> Response:
 
 
 S = schemas
+
+# fmt: off
 TENANT_ENDPOINTS = [
     Endpoint("POST", "/v1/tenants", create_tenant, "createTenant",
              "Register a tenant with its limits (admin)", role=ADMIN, body=S.TENANT_CREATE,
@@ -78,3 +80,4 @@ TENANT_ENDPOINTS = [
              "Revoke a key; api processes stop taking it within 1 s (admin)", role=ADMIN,
              response=S.REVOKED_OUT),
 ]
+# fmt: on
