@@ -10,9 +10,11 @@ The shares are exact upper bounds: the tenant never gets more than dispatch_rate
 in all. They add up to the full rate only while every one of its shards has runs due; a
 tenant whose due runs sit in one shard gets that shard's share.
 
-Copies are written when a tenant is created, and every scheduler node reconciles all of
-them every SYNC_EVERY_S. That repairs a copy lost to a crash between the two writes, or
-to a restore, or left stale by a change of the deployment's spread, within that time.
+Copies are written when a tenant is created or its limits change, and every scheduler
+node reconciles all of them every SYNC_EVERY_S. That repairs a copy lost to a crash
+between the two writes, or to a restore, or left stale by a change of the deployment's
+spread, within that time; so too the old share a sync writes back when it read the
+tenants just before a change.
 """
 
 from __future__ import annotations
