@@ -35,7 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -642,25 +642,35 @@ async def host_gauge(url: str) -> dict[str, int]:
         await client.aclose()
 
 
-def run_part(name: str, root: Path, args: argparse.Namespace) -> dict[str, Any]:
-    server = with_server(name, root, args.appendfsync)
+def on_fresh_server(
+    name: str, root: Path, appendfsync: str, work: Callable[[str], dict[str, Any]]
+) -> dict[str, Any]:
+    """`work(url)` against a fresh redis-server under root/name (removed after); its
+    result gets the server's version and the host gauge taken before it."""
+    server = with_server(name, root, appendfsync)
     try:
         server.start()
         version = asyncio.run(redis_version(server.url))
         gauge = asyncio.run(host_gauge(server.url))
         print(f"  {name}: host gauge {gauge}", flush=True)
-        if name == "throughput":
-            result = asyncio.run(throughput(server.url, args.runs, args.batch, args.timeout))
-        else:
-            work_dir = root / "lag-work"
-            work_dir.mkdir(parents=True, exist_ok=True)
-            result = asyncio.run(asyncio.wait_for(lag(server.url, args, work_dir), args.timeout))
+        result = work(server.url)
         result["redis_version"] = version
         result["host_gauge"] = gauge
         return result
     finally:
         server.stop()
         shutil.rmtree(root / name, ignore_errors=True)
+
+
+def run_part(name: str, root: Path, args: argparse.Namespace) -> dict[str, Any]:
+    def work(url: str) -> dict[str, Any]:
+        if name == "throughput":
+            return asyncio.run(throughput(url, args.runs, args.batch, args.timeout))
+        work_dir = root / "lag-work"
+        work_dir.mkdir(parents=True, exist_ok=True)
+        return asyncio.run(asyncio.wait_for(lag(url, args, work_dir), args.timeout))
+
+    return on_fresh_server(name, root, args.appendfsync, work)
 
 
 def throughput_line(r: dict[str, Any]) -> str:

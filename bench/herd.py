@@ -34,15 +34,13 @@ from typing import Any
 from common import percentile
 from dispatch import (
     SHARDS,
-    host_gauge,
     load_scripts,
+    on_fresh_server,
     payload_json,
     plain,
     read_dispatches,
-    redis_version,
     server_ms,
     settings_for,
-    with_server,
 )
 from rawpipe import RawPipe, create_commands
 
@@ -211,22 +209,12 @@ async def part_one_tenant(url: str, big: int, timeout_s: float) -> dict[str, Any
 
 
 def run_part(name: str, root: Path, args: argparse.Namespace) -> dict[str, Any]:
-    server = with_server(name, root, "always")
-    try:
-        server.start()
-        version = asyncio.run(redis_version(server.url))
-        gauge = asyncio.run(host_gauge(server.url))
-        print(f"  {name}: host gauge {gauge}", flush=True)
+    def work(url: str) -> dict[str, Any]:
         if name == "second":
-            result = asyncio.run(part_second(server.url, args.second_runs, args.timeout))
-        else:
-            result = asyncio.run(part_one_tenant(server.url, args.big_runs, args.timeout))
-        result["redis_version"] = version
-        result["host_gauge"] = gauge
-        return result
-    finally:
-        server.stop()
-        shutil.rmtree(root / name, ignore_errors=True)
+            return asyncio.run(part_second(url, args.second_runs, args.timeout))
+        return asyncio.run(part_one_tenant(url, args.big_runs, args.timeout))
+
+    return on_fresh_server(name, root, "always", work)
 
 
 def second_line(r: dict[str, Any]) -> str:
