@@ -100,8 +100,9 @@ end
 local ENTRY_BASE = 16  -- the 8 fields every envelope has; schedule_id, visibility follow
 
 -- Dispatch one run; returns the mark of the attempt it went out with (':n,', for the
--- event's run list), or nil if the near entry was stale (its body gone or no longer scheduled). The record is decoded into locals
--- and rebuilt as a table only for the checks that need one (expiry, schedules).
+-- event's run list), or nil if the near entry was stale (its body gone or no longer
+-- scheduled). The record is decoded into locals and rebuilt as a table only for the
+-- checks that need one (expiry, schedules).
 local function dispatch(tenant, run_id, streams)
   local task_id, bkey, field = run_place(tag, run_id)
   local raw = rcall('HGET', bkey, field)

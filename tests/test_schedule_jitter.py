@@ -28,6 +28,9 @@ async def test_runs_are_due_their_schedules_offset_after_each_fire_time(engine: 
         assert await run_at(engine, NOW + 10_000 + offset - 1) == []
     got = await run_at(engine, NOW + 10_000 + offset)
     assert [(d.run_id, d.due_ms) for d in got] == [(f"{sid}@{NOW + 10_000}", NOW + 10_000 + offset)]
+    run = await engine.get("acme", f"{sid}@{NOW + 10_000}")
+    assert run.due_ms == NOW + 10_000 + offset
+    assert "jitter_s" not in run.options and "jitter_offset_ms" not in run.options
     got = await run_at(engine, NOW + 20_000 + offset)  # still evenly spaced, 10 s apart
     assert [(d.run_id, d.due_ms) for d in got] == [(f"{sid}@{NOW + 20_000}", NOW + 20_000 + offset)]
 

@@ -14,13 +14,14 @@
 --
 -- A materialized run is an ordinary run (record, wheel entry) with id '<sid>@<fire ms>',
 -- the schedule id in R_SCHEDULE, and the schedule's policies copied into its opts:
--- catchup, window_ms, overlap, and next_ms (the schedule's next fire time after this
--- one, which decides 'latest'). Manual and backfilled runs carry origin instead and
--- are exempt from catchup and overlap.
+-- catchup, window_ms, overlap, and next_ms (when the schedule's next run is due, which
+-- decides 'latest'). Manual and backfilled runs carry origin instead and are exempt
+-- from catchup and overlap.
 -- Jitter: a schedule's opts may hold jitter_offset_ms (timewheel/schedules.py picks it
 -- per schedule within its jitter_s). Each run is then due that long after its fire time:
--- its record, wheel place and sr score say fire + offset, and lateness is measured from
--- there; its id, the cursor and next_ms keep the fire time.
+-- its record, wheel place, sr score and the next_ms of the run before it say fire +
+-- offset, so lateness is measured from there. Its id and the schedule's cursor and
+-- next_ms keep the fire time; the runs themselves carry no jitter fields.
 
 local function schedule_key(tag, sid)
   return tag .. 's:' .. sid
@@ -28,7 +29,7 @@ end
 
 -- Whether a run due at `fire` (its fire time plus any jitter offset) still runs at
 -- `now`, or is skipped as a misfire.
--- o: catchup, window_ms, next_ms (-1 = no later fire time known to be due).
+-- o: catchup, window_ms, next_ms (-1 = no later run known).
 local function schedule_runs_late(o, fire, now, misfire_ms)
   if now - fire <= misfire_ms then
     return true
@@ -39,7 +40,7 @@ local function schedule_runs_late(o, fire, now, misfire_ms)
   if o.catchup == 'latest' then
     -- The newest missed fire time runs: the one whose successor is not missed too.
     local nxt = tonumber(o.next_ms) or -1
-    return nxt < 0 or now - (nxt + (tonumber(o.jitter_offset_ms) or 0)) <= misfire_ms
+    return nxt < 0 or now - nxt <= misfire_ms
   end
   return false  -- skip
 end
@@ -68,14 +69,18 @@ local function schedule_plan(ctx, sid, s, fires, after)
     base = cjson.decode(s.opts)
   end
   base.catchup, base.window_ms, base.overlap = s.catchup, tonumber(s.window_ms), s.overlap
+  local offset = tonumber(base.jitter_offset_ms) or 0
+  base.jitter_s, base.jitter_offset_ms = nil, nil  -- the schedule's, not each run's
   -- The opts JSON of every run is this object plus its own next_ms: encode it once.
   local head = string.sub(cjson.encode(base), 1, -2) .. ',"next_ms":'
-  local offset = tonumber(base.jitter_offset_ms) or 0
   local added, skipped = 0, 0
   for i = 1, #fires do
     local fire = fires[i]
     local due = fire + offset
     local nxt = fires[i + 1] or after
+    if nxt >= 0 then
+      nxt = nxt + offset
+    end
     local run_id = sid .. '@' .. fire
     base.next_ms = nxt
     if not schedule_runs_late(base, due, ctx.now, ctx.misfire_ms) then
