@@ -181,30 +181,16 @@ class Time(Spec):
 
 
 @dataclass
-class NullableTime(Time):
-    """An RFC 3339 time as Time, or null (e.g. PATCH removing a bound)."""
-
-    def parse(self, value: object, name: str) -> int | None:  # type: ignore[override]
-        return None if value is None else super().parse(value, name)
-
-    def schema(self) -> Schema:
-        return {"type": ["string", "null"], "format": "date-time"}
-
-
-@dataclass
 class Nullable(Spec):
-    """`inner`, or null (e.g. PATCH clearing a setting back to its default)."""
+    """`inner`, or null (a PATCH removing a bound, or clearing a setting to its default)."""
 
     inner: Spec
-    description: str = ""
 
     def parse(self, value: object, name: str) -> Any:
         return None if value is None else self.inner.parse(value, name)
 
     def schema(self) -> Schema:
-        out = self.inner.schema()
-        out["type"] = [out["type"], "null"]
-        return out
+        return self.documented()
 
     def documented(self) -> Schema:
         out = self.inner.documented()
