@@ -8,7 +8,8 @@ tenant (one pipelined HGET per scan step) and reads those in full. It is bounded
 non-null `next_cursor`: follow the cursor until it is null. As with SCAN, the order is
 the set's, and a schedule created or deleted while you page may or may not appear.
 
-The cursor is `<shard index>.<sscan cursor>`: opaque to clients.
+The cursor is `<shard index>.<sscan cursor>.<last id given>` (the last part empty unless a
+page ended inside one scan step): opaque to clients.
 """
 
 from __future__ import annotations
