@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from timewheel.api.schemas import EVENT, OPT_TIME, RETRY, TIME, payload_json
+from timewheel.api.schemas import EVENT, OPT_TIME, RETRY, TIME, page_schema, payload_json
 from timewheel.api.spec import (
     AnyJSON,
     Bool,
@@ -208,15 +208,7 @@ SCHEDULE_PAGE = Query(
     }
 )
 
-SCHEDULE_PAGE_OUT: Schema = {
-    "title": "SchedulePage",
-    "type": "object",
-    "required": ["items", "next_cursor"],
-    "properties": {
-        "items": {"type": "array", "items": SCHEDULE},
-        "next_cursor": {"type": ["string", "null"]},
-    },
-}
+SCHEDULE_PAGE_OUT = page_schema("SchedulePage", SCHEDULE)
 
 DELETED: Schema = {
     "title": "ScheduleDeleted",

@@ -279,15 +279,20 @@ TASK: Schema = {
     },
 }
 
-TASK_PAGE_OUT: Schema = {
-    "title": "TaskPage",
-    "type": "object",
-    "required": ["items", "next_cursor"],
-    "properties": {
-        "items": {"type": "array", "items": TASK},
-        "next_cursor": {"type": ["string", "null"]},
-    },
-}
+def page_schema(title: str, item: Schema) -> Schema:
+    """A page of a listing: its items and the cursor of the next page (null: the end)."""
+    return {
+        "title": title,
+        "type": "object",
+        "required": ["items", "next_cursor"],
+        "properties": {
+            "items": {"type": "array", "items": item},
+            "next_cursor": {"type": ["string", "null"]},
+        },
+    }
+
+
+TASK_PAGE_OUT = page_schema("TaskPage", TASK)
 
 BATCH_OUT: Schema = {
     "title": "BatchResult",
@@ -319,30 +324,22 @@ RUNS_OUT: Schema = {
     },
 }
 
-DEAD_PAGE_OUT: Schema = {
-    "title": "DeadLetterPage",
-    "type": "object",
-    "required": ["items", "next_cursor"],
-    "properties": {
-        "items": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "properties": {
-                    "run_id": {"type": "string"},
-                    "queue": {"type": "string"},
-                    "attempt": {"type": "integer"},
-                    "reason": {"type": "string"},
-                    "error": {"type": "string"},
-                    "dead_at": TIME,
-                    "run_at": TIME,
-                    "payload": {},
-                },
-            },
+DEAD_PAGE_OUT = page_schema(
+    "DeadLetterPage",
+    {
+        "type": "object",
+        "properties": {
+            "run_id": {"type": "string"},
+            "queue": {"type": "string"},
+            "attempt": {"type": "integer"},
+            "reason": {"type": "string"},
+            "error": {"type": "string"},
+            "dead_at": TIME,
+            "run_at": TIME,
+            "payload": {},
         },
-        "next_cursor": {"type": ["string", "null"]},
     },
-}
+)
 
 REPLAY_OUT: Schema = {
     "type": "object",
