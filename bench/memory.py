@@ -195,7 +195,7 @@ def packed_record(due_ms: int, tenant: str, created_ms: int, payload: str) -> by
 
 
 async def load_wheel(url: str, layout: Layout, work: Workload, args: argparse.Namespace) -> None:
-    """Our layout: every task made by lua/create.lua with the arguments Engine builds."""
+    """Our layout: every task made by lua/task_create.lua with the arguments Engine builds."""
     settings = Settings(redis_url=url, shards=SHARDS, bucket_ms=layout.bucket_ms)
     engine = await Engine.connect(settings)
     try:
@@ -528,7 +528,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--loader",
         choices=("raw", "engine"),
         default="raw",
-        help="how ours is loaded: the create.lua calls Engine builds streamed through "
+        help="how ours is loaded: the task_create.lua calls Engine builds streamed through "
         "a plain pipelined connection (default, fast), or Engine.create_many (redis-py)",
     )
     parser.add_argument("--batch", type=int, default=2000, help="tasks per pipeline")

@@ -247,7 +247,7 @@ async def test_restore_script_writes_the_record_and_places_it_in_the_wheel(
         last_error="boom",
     )
     keys, bucket_ms = [engine.keys.meta(3)], engine.settings.bucket_ms
-    reply = await engine.call(engine.scripts.restore, keys, [bucket_ms, 1, *run.args(run_id)])
+    reply = await engine.call(engine.scripts.restore_runs, keys, [bucket_ms, 1, *run.args(run_id)])
     assert reply == [1, 0]
     task = await engine.get("a", run_id)
     assert (task.state, task.attempt, task.due_ms, task.queue, task.created_ms) == (
@@ -267,10 +267,10 @@ async def test_restore_script_writes_the_record_and_places_it_in_the_wheel(
     bucket = engine.keys.bucket(3, 5_000_000 - 5_000_000 % bucket_ms)
     assert await engine.client.hexists(bucket, engine.keys.bucket_member(run_id))  # far level
     # A run already there is left alone; malformed input is an error reply.
-    again = await engine.call(engine.scripts.restore, keys, [bucket_ms, 1, *run.args(run_id)])
+    again = await engine.call(engine.scripts.restore_runs, keys, [bucket_ms, 1, *run.args(run_id)])
     assert again == [0, 1]
     with pytest.raises(ResponseError, match="n <= 200 groups of 11"):
-        await engine.call(engine.scripts.restore, keys, [bucket_ms, 2, *run.args(run_id)])
+        await engine.call(engine.scripts.restore_runs, keys, [bucket_ms, 2, *run.args(run_id)])
 
 
 def test_archiver_stores_entries_it_does_not_know_instead_of_stopping() -> None:

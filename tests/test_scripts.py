@@ -78,7 +78,7 @@ def test_record_layout_and_states_match_the_lua_side() -> None:
 def test_includes_are_resolved_and_helpers_read_no_keys_or_argv(tmp_path: Path) -> None:
     assert "--!include" not in Library.build().source
     shutil.copytree(lua_dir(), tmp_path / "lua")
-    tick = tmp_path / "lua" / "tick.lua"
+    tick = tmp_path / "lua" / "dispatch_tick.lua"
     tick.write_text(tick.read_text().replace("--!include lib/record.lua", "--!include lib/x.lua"))
     with pytest.raises(ConfigError, match=r"tick\.lua includes"):
         Library.build(tmp_path / "lua")
@@ -109,7 +109,7 @@ def test_the_library_version_follows_the_sources(tmp_path: Path) -> None:
     shutil.copytree(lua_dir(), tmp_path / "lua")
     before = Library.build(tmp_path / "lua")
     assert Library.build(tmp_path / "lua") == before
-    tick = tmp_path / "lua" / "tick.lua"
+    tick = tmp_path / "lua" / "dispatch_tick.lua"
     tick.write_text(tick.read_text() + "\n-- changed\n")
     after = Library.build(tmp_path / "lua")
     assert after.version != before.version and after.name != before.name

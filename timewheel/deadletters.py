@@ -89,7 +89,7 @@ async def replay(engine: Engine, tenant: str, run_id: str) -> int:
     shard = _shard(engine, run_id)
     k, s = engine.keys, engine.settings
     reply = await engine.call(
-        engine.scripts.replay_dead,
+        engine.scripts.dead_replay,
         [k.dead(shard, tenant), k.events(shard)],
         [run_id, tenant, s.bucket_ms, "", s.event_log_max, k.wake_channel(), shard],
     )
@@ -102,7 +102,7 @@ async def purge(engine: Engine, tenant: str, run_id: str) -> None:
     shard = _shard(engine, run_id)
     k = engine.keys
     reply = await engine.call(
-        engine.scripts.purge_dead,
+        engine.scripts.dead_purge,
         [k.dead(shard, tenant), k.events(shard)],
         [run_id, tenant, "", engine.settings.event_log_max],
     )

@@ -1,9 +1,9 @@
 """The engine: every task operation, each one Lua call on one shard.
 
 Where a task goes: `create` puts it in its shard's wheel (near level or a far bucket,
-lua/create.lua); `promote` moves far buckets nearer (lua/promote.lua); `tick` moves due
-runs into ready streams (lua/tick.lua); `cancel` and `update` change them while still
-scheduled; `reap` fails runs whose executor lease expired (lua/reap.lua). The executor
+lua/task_create.lua); `promote` moves far buckets nearer (lua/dispatch_promote.lua); `tick` moves due
+runs into ready streams (lua/dispatch_tick.lua); `cancel` and `update` change them while still
+scheduled; `reap` fails runs whose executor lease expired (lua/dispatch_reap.lua). The executor
 side, `ack` and `fail`, is in timewheel/outcomes.py. Python only reads (`get`).
 """
 
@@ -60,15 +60,15 @@ def validate_name(value: object, field_name: str) -> str:
 
 
 CREATE_CHUNK = 200
-"""Most tasks one create.lua call carries (keeps a call near a few ms)."""
+"""Most tasks one task_create.lua call carries (keeps a call near a few ms)."""
 
 _LAG_BOUNDS = ",".join(str(b) for b in LAG_BUCKETS_MS)
-"""tick.lua's ARGV[8]: the lag histogram's bounds, counted inside the call."""
+"""dispatch_tick.lua's ARGV[8]: the lag histogram's bounds, counted inside the call."""
 
 
 @dataclass(frozen=True, slots=True)
 class PreparedCreate:
-    """A validated create: its id, shard and the 8 values create.lua takes for it."""
+    """A validated create: its id, shard and the 8 values task_create.lua takes for it."""
 
     task_id: str
     shard: int
@@ -284,7 +284,7 @@ class Engine(OutcomeOps, ScheduleOps):
     def create_calls(
         self, prepared: Sequence[PreparedCreate], now_ms: int | None = None
     ) -> tuple[list[ScriptCall], list[list[int]]]:
-        """The create.lua calls for `prepared`: one per shard and chunk of CREATE_CHUNK,
+        """The task_create.lua calls for `prepared`: one per shard and chunk of CREATE_CHUNK,
         and for each call the indexes (in `prepared`) of the tasks it carries."""
         by_shard: dict[int, list[int]] = {}
         for i, p in enumerate(prepared):
@@ -303,7 +303,7 @@ class Engine(OutcomeOps, ScheduleOps):
             for low in range(0, len(indexes), CREATE_CHUNK):
                 chunk = indexes[low : low + CREATE_CHUNK]
                 args = head + [v for i in chunk for v in prepared[i].group]
-                calls.append((self.scripts.create, [k.meta(shard), k.events(shard)], args))
+                calls.append((self.scripts.task_create, [k.meta(shard), k.events(shard)], args))
                 members.append(chunk)
         return calls, members
 
@@ -330,7 +330,7 @@ class Engine(OutcomeOps, ScheduleOps):
         return self._created(prepared.task_id, reply)
 
     async def create_many(self, batch: Sequence[NewTask]) -> list[CreateResult]:
-        """Create many tasks: one create.lua call per shard (and chunk), all in one
+        """Create many tasks: one task_create.lua call per shard (and chunk), all in one
         pipeline (on Cluster, one per node, sent concurrently)."""
         prepared = [self._prepare(new) for new in batch]
         calls, members = self.create_calls(prepared)
@@ -402,7 +402,7 @@ class Engine(OutcomeOps, ScheduleOps):
         shard = self._locate(task_id)
         k = self.keys
         reply = await self.write(
-            self.scripts.cancel,
+            self.scripts.task_cancel,
             [k.meta(shard), k.body(shard, task_id), k.events(shard)],
             [task_id, tenant, self.settings.bucket_ms, _arg(now_ms), self.settings.event_log_max],
         )
@@ -431,7 +431,7 @@ class Engine(OutcomeOps, ScheduleOps):
         shard = self._locate(task_id)
         k, s = self.keys, self.settings
         reply = await self.write(
-            self.scripts.update,
+            self.scripts.task_update,
             [k.meta(shard), k.body(shard, task_id), k.events(shard)],
             [
                 task_id,
@@ -485,7 +485,7 @@ class Engine(OutcomeOps, ScheduleOps):
     ) -> tuple[Script, list[str], list[ScriptArg]]:
         k, s = self.keys, self.settings
         return (
-            self.scripts.tick,
+            self.scripts.dispatch_tick,
             [k.meta(shard), k.due(shard), k.events(shard)],
             [
                 limit or s.tick_batch,
@@ -529,7 +529,7 @@ class Engine(OutcomeOps, ScheduleOps):
         """Move far buckets that start within the horizon into the near level."""
         k, s = self.keys, self.settings
         reply = await self.call(
-            self.scripts.promote,
+            self.scripts.dispatch_promote,
             [k.meta(shard), k.due(shard), k.wheel(shard)],
             [s.horizon_ms, s.bucket_ms, limit or s.promote_batch, _arg(now_ms), node, epoch],
         )
@@ -548,7 +548,7 @@ class Engine(OutcomeOps, ScheduleOps):
         """Delete finished records past retention; returns (deleted, more)."""
         k, s = self.keys, self.settings
         reply = await self.call(
-            self.scripts.expire_finished,
+            self.scripts.dispatch_expire,
             [k.meta(shard), k.expiry(shard)],
             [s.retention_ms, s.bucket_ms, limit, _arg(now_ms)],
         )
@@ -562,7 +562,7 @@ class Engine(OutcomeOps, ScheduleOps):
         """Expired executor leases in one shard become failed attempts: (retried, buried)."""
         k, s = self.keys, self.settings
         reply = await self.call(
-            self.scripts.reap,
+            self.scripts.dispatch_reap,
             [k.meta(shard), k.groups(shard), k.events(shard)],
             [
                 node,

@@ -102,11 +102,11 @@ class Keys:
 
     def rates(self, shard: int) -> str:
         """HASH tenant -> runs/s the tick may send for it from this shard: its
-        dispatch_rate split over its shards (timewheel/rates.py; read by lua/tick.lua)."""
+        dispatch_rate split over its shards (timewheel/rates.py; read by lua/dispatch_tick.lua)."""
         return self.tag(shard) + "rates"
 
     def tokens(self, shard: int) -> str:
-        """HASH tenant -> 'tokens:stamp_ms': the token buckets of lua/tick.lua."""
+        """HASH tenant -> 'tokens:stamp_ms': the token buckets of lua/dispatch_tick.lua."""
         return self.tag(shard) + "tokens"
 
     def lease(self, shard: int) -> str:

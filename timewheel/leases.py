@@ -38,7 +38,7 @@ def share_of(node: str, nodes: Sequence[str], shards: int) -> set[int]:
 
 
 class Leases:
-    """One node's view of membership and its shard leases (lua/lease_*.lua, heartbeat.lua)."""
+    """One node's view of membership and its shard leases (lua/lease_*.lua, lease_members.lua)."""
 
     def __init__(self, engine: Engine, node: str, ttl_ms: int):
         self.engine = engine
@@ -48,7 +48,7 @@ class Leases:
     async def heartbeat(self, *, leaving: bool = False) -> list[str]:
         """Mark this node alive (or gone) and return the live nodes."""
         reply = await self.engine.call(
-            self.engine.scripts.heartbeat,
+            self.engine.scripts.lease_members,
             [self.engine.keys.nodes()],
             [self.node, self.ttl_ms, "1" if leaving else "0"],
         )

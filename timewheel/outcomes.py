@@ -1,7 +1,7 @@
 """Executor-side operations of the Engine: ack, fail, lease heartbeat, consumer groups.
 
-Where a run goes when its executor is done: `ack` (lua/ack.lua) marks it succeeded;
-`fail` (lua/fail.lua) puts it back into the wheel after backoff or into the dead letters.
+Where a run goes when its executor is done: `ack` (lua/run_ack.lua) marks it succeeded;
+`fail` (lua/run_fail.lua) puts it back into the wheel after backoff or into the dead letters.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ class OutcomeOps:
             self.keys.wake_channel(),
             shard,
         ]
-        return self.scripts.ack, [delivery.stream, self.keys.events(shard)], args
+        return self.scripts.run_ack, [delivery.stream, self.keys.events(shard)], args
 
     async def ack(self, delivery: Delivery, group: str, *, now_ms: int | None = None) -> bool:
         """Acknowledge a delivery: XACK + XDEL, state -> succeeded. False if it was stale."""
@@ -108,7 +108,7 @@ class OutcomeOps:
         shard = self.keys.shard_of_key(delivery.stream)
         s = self.settings
         reply = await self.call(
-            self.scripts.fail,
+            self.scripts.run_fail,
             [delivery.stream, self.keys.events(shard)],
             [
                 group,

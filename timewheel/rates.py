@@ -1,10 +1,10 @@
 """Tenants' dispatch rates, copied into the shards whose tick enforces them.
 
 A tenant's limits live in the global tenants hash (timewheel/tenants.py), but
-lua/tick.lua may read only keys of its own shard (one Cluster slot). So every shard a
+lua/dispatch_tick.lua may read only keys of its own shard (one Cluster slot). So every shard a
 tenant uses holds its share of the rate in `keys.rates(shard)`: dispatch_rate divided by
 the number of the tenant's shards. The tick spends it through a token bucket per (shard,
-tenant); see the header of lua/tick.lua.
+tenant); see the header of lua/dispatch_tick.lua.
 
 The shares are exact upper bounds: the tenant never gets more than dispatch_rate runs/s
 in all. They add up to the full rate only while every one of its shards has runs due; a

@@ -3,7 +3,7 @@
 Per shard: load the snapshot's runs, replay that shard's run_events after the snapshot's
 position in order (each event sets absolute values, see timewheel/snapshot.py), and
 write the runs that end up pending (scheduled, or dispatched and not acknowledged)
-through lua/restore.lua, which owns the record format and the wheel placement. Runs
+through lua/restore_runs.lua, which owns the record format and the wheel placement. Runs
 keep their ids, run ids, payloads and due times; a run that was dispatched but not
 acknowledged is dispatched again under the same run id (executors deduplicate by it).
 
@@ -35,7 +35,7 @@ from timewheel.snapshot import write_schedule_hashes
 log = structlog.get_logger("timewheel.restore")
 
 RUNS_PER_CALL = 200
-"""Runs per restore.lua call (its header's limit)."""
+"""Runs per restore_runs.lua call (its header's limit)."""
 CALLS_PER_PIPELINE = 16
 PENDING = ("scheduled", "dispatched")
 
@@ -57,7 +57,7 @@ class RestoredRun:
     schedule_id: str | None = None
 
     def args(self, run_id: str) -> list[str | int]:
-        """The 11 values lua/restore.lua takes per run."""
+        """The 11 values lua/restore_runs.lua takes per run."""
         return [
             run_id,
             self.attempt,
@@ -281,9 +281,9 @@ async def _mark_restored(
 async def _write(
     engine: Engine, shard: int, pending: Iterable[tuple[str, RestoredRun]]
 ) -> tuple[int, int]:
-    """Write runs through lua/restore.lua, RUNS_PER_CALL per call, CALLS_PER_PIPELINE calls
+    """Write runs through lua/restore_runs.lua, RUNS_PER_CALL per call, CALLS_PER_PIPELINE calls
     per round trip (each call stays short; the pipeline only saves round trips)."""
-    script, keys = engine.scripts.restore, [engine.keys.meta(shard)]
+    script, keys = engine.scripts.restore_runs, [engine.keys.meta(shard)]
     calls: list[ScriptCall] = []
     group: list[ScriptArg] = []
     count = written = existing = 0

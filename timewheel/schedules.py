@@ -3,7 +3,7 @@
 Where a schedule goes: `create_schedule` stores it in its shard (tag..'s:'..sid) and
 materializes its first runs up to the plan horizon (lua/schedule_create.lua); the
 planner (`plan`, run by the scheduler node holding the shard) extends every active
-schedule as its horizon moves (lua/materialize.lua); the tick sends its runs like any
+schedule as its horizon moves (lua/schedule_materialize.lua); the tick sends its runs like any
 other, after the catchup and overlap checks of lua/lib/schedule.lua. Fire times are
 computed here, in Python (timewheel/schedule.py); every move happens in Lua.
 """
@@ -567,7 +567,7 @@ class ScheduleOps:
             ]
             calls.append(
                 (
-                    self.scripts.materialize,
+                    self.scripts.schedule_materialize,
                     [k.meta(shard), k.schedule(shard, sid), k.events(shard)],
                     args,
                 )

@@ -6,7 +6,7 @@ every call, so the helpers it inlines from lua/lib/ were rebuilt as closures eac
 about 6-8 us of every call here, a fifth of a create or an idle tick. In a library the
 helpers are built once, when it loads. The library is persisted in the AOF and
 replicated, so it survives a restart and a failover. Its name and its functions' names
-carry a hash of the sources (`timewheel_<v>`, `tw_<v>_tick`), so an old and a new daemon
+carry a hash of the sources (`timewheel_<v>`, `tw_<v>_dispatch_tick`), so an old and a new daemon
 run side by side in a rolling upgrade, each calling its own version. FUNCTION LOAD does
 not spread between Cluster shards: a call that finds no function loads the library on
 every primary and is sent again, so a new node or an emptied server needs no deploy step.
@@ -33,30 +33,30 @@ from timewheel.record import TaskState
 from timewheel.redis_client import RedisClient
 
 OPERATIONS = (
-    "create",
-    "tick",
-    "promote",
-    "cancel",
-    "update",
-    "ack",
-    "expire_finished",
-    "fail",
-    "reap",
-    "replay_dead",
-    "purge_dead",
+    "task_create",
+    "dispatch_tick",
+    "dispatch_promote",
+    "task_cancel",
+    "task_update",
+    "run_ack",
+    "dispatch_expire",
+    "run_fail",
+    "dispatch_reap",
+    "dead_replay",
+    "dead_purge",
     "lease_acquire",
     "lease_renew",
     "lease_release",
-    "heartbeat",
+    "lease_members",
     "schedule_create",
     "schedule_update",
     "schedule_pause",
     "schedule_resume",
     "schedule_delete",
     "schedule_add_runs",
-    "materialize",
-    "schedule_restore",
-    "restore",
+    "schedule_materialize",
+    "restore_schedule",
+    "restore_runs",
 )
 LIBS = ("record", "clock", "wheel", "events", "lease", "schedule", "retry", "lag")
 """lua/lib/ helpers in library order: each after the helpers it calls."""
@@ -176,30 +176,30 @@ class Scripts:
         for op in OPERATIONS:
             setattr(self, op, Script(op, function_name(self.library.version, op), self.library))
 
-    create: Script
-    tick: Script
-    promote: Script
-    cancel: Script
-    update: Script
-    ack: Script
-    expire_finished: Script
-    fail: Script
-    reap: Script
-    replay_dead: Script
-    purge_dead: Script
+    task_create: Script
+    dispatch_tick: Script
+    dispatch_promote: Script
+    task_cancel: Script
+    task_update: Script
+    run_ack: Script
+    dispatch_expire: Script
+    run_fail: Script
+    dispatch_reap: Script
+    dead_replay: Script
+    dead_purge: Script
     lease_acquire: Script
     lease_renew: Script
     lease_release: Script
-    heartbeat: Script
+    lease_members: Script
     schedule_create: Script
     schedule_update: Script
     schedule_pause: Script
     schedule_resume: Script
     schedule_delete: Script
     schedule_add_runs: Script
-    materialize: Script
-    schedule_restore: Script
-    restore: Script
+    schedule_materialize: Script
+    restore_schedule: Script
+    restore_runs: Script
 
     def all(self) -> list[Script]:
         return [getattr(self, name) for name in OPERATIONS]

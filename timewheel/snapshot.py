@@ -271,7 +271,7 @@ async def write_schedule_hashes(
     The `schedules` table holds each schedule as the archiver last read it (on any
     schedule event), or as the newest snapshot copied it: so a schedule created after the
     snapshot comes back too, and a deleted one does not. Each goes through
-    lua/schedule_restore.lua, which plans it again from its last fire time sent.
+    lua/restore_schedule.lua, which plans it again from its last fire time sent.
     """
     del snapshot_id  # the table is newer than any snapshot
     try:
@@ -284,7 +284,7 @@ async def write_schedule_hashes(
         fields = definition if isinstance(definition, dict) else json.loads(str(definition))
         flat = [str(x) for kv in fields.items() for x in kv]
         try:
-            reply: Any = await engine.scripts.schedule_restore(
+            reply: Any = await engine.scripts.restore_schedule(
                 engine.client,
                 [engine.keys.schedule(int(str(shard)), str(sid))],
                 [str(sid), json.dumps(flat)],

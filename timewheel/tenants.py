@@ -10,7 +10,7 @@ Pending count (max_pending): kept in a per-tenant HASH of due bucket -> count of
 runs created through the API (incremented after create, decremented after cancel and
 moved by reschedule) and summed over buckets not yet due. It costs one HINCRBY per create
 and only for tenants that set max_pending. It is an estimate: a run counts until its due
-bucket starts (dispatch is not seen, lua/tick.lua being out of bounds here), retries and
+bucket starts (dispatch is not seen, lua/dispatch_tick.lua being out of bounds here), retries and
 replays are not counted, and a crash between the create and the HINCRBY loses one count.
 """
 
@@ -49,7 +49,7 @@ class Limits:
     """Most scheduled runs at once (estimated, see the module docstring); over it: 429."""
     dispatch_rate: float | None = None
     """Most runs per second the tick dispatches for the tenant, retries included; the rest
-    wait, due, in the near level (timewheel/rates.py, lua/tick.lua)."""
+    wait, due, in the near level (timewheel/rates.py, lua/dispatch_tick.lua)."""
 
 
 @dataclass(frozen=True, slots=True)

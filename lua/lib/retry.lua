@@ -1,4 +1,4 @@
--- Retry or bury a run whose attempt failed (fail.lua, reap.lua). Needs lib/record.lua,
+-- Retry or bury a run whose attempt failed (run_fail.lua, dispatch_reap.lua). Needs lib/record.lua,
 -- lib/wheel.lua, lib/events.lua and lib/schedule.lua included before it.
 --
 -- policy: the task's own retry fields (record opts JSON, key 'retry') over the

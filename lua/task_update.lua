@@ -1,4 +1,4 @@
---[[ update: reschedule a scheduled run and/or replace its payload.
+--[[ task_update: reschedule a scheduled run and/or replace its payload.
   KEYS[1] meta    HASH   tag..'meta' (the tag is KEYS[1] minus 'meta')
   KEYS[2] body    HASH   tag..'t:'..xy, the body hash of ARGV[1]
   KEYS[3] events  STREAM tag..'events'

@@ -1,4 +1,4 @@
---[[ materialize: the planner extends an active schedule's runs up to its horizon.
+--[[ schedule_materialize: the planner extends an active schedule's runs up to its horizon.
   KEYS[1] meta      HASH   tag..'meta' (the tag is KEYS[1] minus 'meta')
   KEYS[2] schedule  HASH   tag..'s:'..sid
   KEYS[3] events    STREAM tag..'events'

@@ -1,4 +1,4 @@
---[[ heartbeat: record that a scheduler node is alive and list the live nodes.
+--[[ lease_members: record that a scheduler node is alive and list the live nodes.
   KEYS[1] nodes  ZSET prefix..':nodes', node id -> last heartbeat (ms, this server's TIME)
   ARGV[1] node id   ARGV[2] ttl_ms: a node silent for longer is dead
   ARGV[3] leaving ('1': remove this node instead, on graceful shutdown)

@@ -1,4 +1,4 @@
---[[ ack: an executor finished a run: acknowledge its stream entry, state -> succeeded.
+--[[ run_ack: an executor finished a run: acknowledge its stream entry, state -> succeeded.
   KEYS[1] stream  STREAM tag..'q:'..tenant..':'..queue (the tag is KEYS[1] up to '}:')
   KEYS[2] events  STREAM tag..'events'
   ARGV[1] consumer group   ARGV[2] stream entry id   ARGV[3] run_id   ARGV[4] attempt

@@ -1,4 +1,4 @@
---[[ tick: dispatch due runs of one shard into their ready streams, tenants in turn.
+--[[ dispatch_tick: dispatch due runs of one shard into their ready streams, tenants in turn.
   KEYS[1] meta    HASH   tag..'meta' (fields hwm, promoted_until; the tag is KEYS[1] minus 'meta')
   KEYS[2] due     ZSET   tag..'due', tenant -> earliest near due_ms
   KEYS[3] events  STREAM tag..'events'

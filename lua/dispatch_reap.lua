@@ -1,4 +1,4 @@
---[[ reap: runs whose executor lease (visibility timeout) expired become failed attempts.
+--[[ dispatch_reap: runs whose executor lease (visibility timeout) expired become failed attempts.
   KEYS[1] meta    HASH   tag..'meta' (the tag is KEYS[1] minus 'meta')
   KEYS[2] groups  SET    tag..'groups', members '<group>|<stream key>' (added by workers)
   KEYS[3] events  STREAM tag..'events'

@@ -1,4 +1,4 @@
---[[ cancel: cancel a run that is still scheduled.
+--[[ task_cancel: cancel a run that is still scheduled.
   KEYS[1] meta    HASH   tag..'meta' (the tag is KEYS[1] minus 'meta')
   KEYS[2] body    HASH   tag..'t:'..xy, the body hash of ARGV[1]
   KEYS[3] events  STREAM tag..'events'

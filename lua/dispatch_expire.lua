@@ -1,4 +1,4 @@
---[[ expire_finished: delete finished records (succeeded, cancelled, dead) past retention.
+--[[ dispatch_expire: delete finished records (succeeded, cancelled, dead) past retention.
   KEYS[1] meta    HASH tag..'meta' (the tag is KEYS[1] minus 'meta')
   KEYS[2] expiry  ZSET tag..'expiry', finish bucket_start -> bucket_start
   ARGV[1] retention_ms   ARGV[2] bucket_ms   ARGV[3] limit: most records deleted per call

@@ -1,4 +1,4 @@
---[[ schedule_restore: write a schedule back into a shard rebuilt from PostgreSQL
+--[[ restore_schedule: write a schedule back into a shard rebuilt from PostgreSQL
   (timewheel restore), from its hash as the archive holds it.
   KEYS[1] schedule  HASH   tag..'s:'..sid (the tag is KEYS[1] up to '}:')
   ARGV[1] sid   ARGV[2] the schedule hash as a flat JSON list [field, value, ...]

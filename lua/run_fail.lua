@@ -1,4 +1,4 @@
---[[ fail: an executor's attempt failed: acknowledge the entry, then retry later or bury.
+--[[ run_fail: an executor's attempt failed: acknowledge the entry, then retry later or bury.
   KEYS[1] stream  STREAM tag..'q:'..tenant..':'..queue (the tag is KEYS[1] up to '}:')
   KEYS[2] events  STREAM tag..'events'
   ARGV[1] consumer group   ARGV[2] stream entry id   ARGV[3] run_id   ARGV[4] attempt

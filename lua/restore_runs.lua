@@ -1,4 +1,4 @@
---[[ restore: write runs back into a shard rebuilt from PostgreSQL (timewheel restore).
+--[[ restore_runs: write runs back into a shard rebuilt from PostgreSQL (timewheel restore).
   KEYS[1] meta    HASH   tag..'meta' (the shard tag is KEYS[1] minus 'meta')
   ARGV[1] bucket_ms   ARGV[2] n: runs in this call (<= 200, so ARGV stays near 2,200
           values and one call blocks Redis well under a millisecond)

@@ -1,4 +1,4 @@
---[[ purge_dead: delete a dead-lettered run: its dead-letter entry and its record.
+--[[ dead_purge: delete a dead-lettered run: its dead-letter entry and its record.
   KEYS[1] dead    STREAM tag..'dead:'..tenant (the tag is KEYS[1] up to '}:')
   KEYS[2] events  STREAM tag..'events'
   ARGV[1] run_id   ARGV[2] tenant   ARGV[3] now_ms override ('' = TIME)   ARGV[4] event log cap

@@ -1,4 +1,4 @@
---[[ replay_dead: move a dead-lettered run back into the wheel, due now, attempt reset.
+--[[ dead_replay: move a dead-lettered run back into the wheel, due now, attempt reset.
   KEYS[1] dead    STREAM tag..'dead:'..tenant (the tag is KEYS[1] up to '}:')
   KEYS[2] events  STREAM tag..'events'
   ARGV[1] run_id   ARGV[2] tenant   ARGV[3] bucket_ms   ARGV[4] now_ms override ('' = TIME)

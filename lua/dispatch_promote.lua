@@ -1,4 +1,4 @@
---[[ promote: move far-level runs whose bucket starts within the horizon into the near level.
+--[[ dispatch_promote: move far-level runs whose bucket starts within the horizon into the near level.
   KEYS[1] meta   HASH tag..'meta' (field promoted_until; the tag is KEYS[1] minus 'meta')
   KEYS[2] due    ZSET tag..'due'
   KEYS[3] wheel  ZSET tag..'wheel', bucket_start -> bucket_start

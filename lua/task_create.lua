@@ -1,4 +1,4 @@
---[[ create: schedule new one-shot runs of one shard (one, or a batch: one call amortizes
+--[[ task_create: schedule new one-shot runs of one shard (one, or a batch: one call amortizes
   the script's fixed cost, about half of a lone create).
   KEYS[1] meta    HASH   tag..'meta' (the shard tag is KEYS[1] minus 'meta')
   KEYS[2] events  STREAM tag..'events'
