@@ -33,8 +33,8 @@ from typing import Any
 import httpx
 from common import percentile
 
-from timewheel.client import Client
-from timewheel.redis_server import RedisServer, find_free_port
+from timewheel.sdk.client import Client
+from timewheel.store.server import RedisServer, find_free_port
 
 RESULTS = Path(__file__).resolve().parent / "results" / "api.json"
 SINGLE_TARGET = 5_000

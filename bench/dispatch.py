@@ -45,9 +45,9 @@ from common import percentile
 from rawpipe import RawPipe, create_commands
 
 from timewheel.config import Settings
+from timewheel.dispatch.scheduler import Scheduler
 from timewheel.engine import Engine, NewTask
-from timewheel.redis_server import RedisServer
-from timewheel.scheduler import Scheduler
+from timewheel.store.server import RedisServer
 
 PAYLOAD_BYTES = 100
 SHARDS = 64

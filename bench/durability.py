@@ -44,13 +44,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # for tests.pos
 from common import percentile
 
 from tests.postgres import PostgresServer
-from timewheel import pg
-from timewheel.archiver import Archiver
+from timewheel.archive import pg
+from timewheel.archive.archiver import Archiver
+from timewheel.archive.restore import restore
+from timewheel.archive.snapshot import take_snapshot
 from timewheel.config import Settings
 from timewheel.engine import Engine, NewTask
-from timewheel.redis_server import RedisServer
-from timewheel.restore import restore
-from timewheel.snapshot import take_snapshot
+from timewheel.store.server import RedisServer
 
 RESULTS = Path(__file__).resolve().parent / "results" / "durability.json"
 SHARDS = 64

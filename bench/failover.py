@@ -23,7 +23,7 @@ from common import dispatched_runs, percentile, scheduler_process
 
 from timewheel.config import Settings
 from timewheel.engine import Engine, NewTask
-from timewheel.redis_server import RedisServer
+from timewheel.store.server import RedisServer
 
 RESULTS = Path(__file__).resolve().parent / "results" / "failover.json"
 SHARDS = 64

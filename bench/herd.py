@@ -44,8 +44,8 @@ from dispatch import (
 )
 from rawpipe import RawPipe, create_commands
 
+from timewheel.dispatch.scheduler import Scheduler
 from timewheel.engine import Engine, NewTask
-from timewheel.scheduler import Scheduler
 
 RESULTS = Path(__file__).resolve().parent / "results" / "herd.json"
 SECOND_TARGET_MS = 2_000

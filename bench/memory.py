@@ -49,7 +49,7 @@ from rawpipe import RawPipe, resp
 from timewheel import ids
 from timewheel.config import Settings
 from timewheel.engine import Engine, NewTask
-from timewheel.redis_server import RedisServer
+from timewheel.store.server import RedisServer
 
 DAY_MS = 86_400_000
 NEAR_SPREAD_MS = max(1, min(58_000, Settings().horizon_ms - 2_000))

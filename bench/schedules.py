@@ -31,9 +31,9 @@ from common import dispatched_runs, percentile, scheduler_process
 
 from timewheel.config import Settings
 from timewheel.engine import Engine
-from timewheel.redis_server import RedisServer
-from timewheel.schedule import ScheduleSpec, fire_times
-from timewheel.schedules import NewSchedule, spec_from_json
+from timewheel.schedules.ops import NewSchedule, spec_from_json
+from timewheel.schedules.spec import ScheduleSpec, fire_times
+from timewheel.store.server import RedisServer
 
 SHARDS = 64
 TENANTS = 100

@@ -30,8 +30,8 @@ from common import percentile
 from timewheel.config import Settings
 from timewheel.engine import Engine, NewTask
 from timewheel.models import Delivery
-from timewheel.redis_server import RedisServer
-from timewheel.worker import Worker
+from timewheel.runs.worker import Worker
+from timewheel.store.server import RedisServer
 
 RESULTS = Path(__file__).resolve().parent / "results" / "worker.json"
 SHARDS = 64

@@ -17,7 +17,7 @@ import pytest
 
 from tests.conftest import test_settings
 from timewheel.config import Settings
-from timewheel.redis_server import RedisServer, find_free_port
+from timewheel.store.server import RedisServer, find_free_port
 
 
 @dataclass(frozen=True)

@@ -9,10 +9,10 @@ from typing import Any
 
 from redis.asyncio.cluster import RedisCluster
 
+from timewheel.dispatch.scheduler import Scheduler
 from timewheel.engine import Engine
 from timewheel.models import Delivery
-from timewheel.scheduler import Scheduler
-from timewheel.worker import parse_entry
+from timewheel.runs.worker import parse_entry
 
 
 async def stream_keys(engine: Engine) -> list[str]:

@@ -23,7 +23,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from timewheel.redis_server import find_free_port
+from timewheel.store.server import find_free_port
 
 
 def postgres_bin_dir() -> Path:

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from timewheel.redis_server import RedisClusterServers, RedisServer
+from timewheel.store.server import RedisClusterServers, RedisServer
 
 
 @pytest.fixture(scope="session")

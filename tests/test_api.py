@@ -16,9 +16,9 @@ from tests.test_engine import prime, tick_all
 from timewheel.api import create_app
 from timewheel.config import Settings
 from timewheel.engine import Engine
-from timewheel.redis_server import find_free_port
+from timewheel.runs.worker import Worker
+from timewheel.store.server import find_free_port
 from timewheel.tenants import Limits, TenantStore
-from timewheel.worker import Worker
 
 
 async def tenant_headers(engine: Engine, tenant: str) -> dict[str, str]:

@@ -18,15 +18,15 @@ import pytest
 
 from tests.conftest import test_settings
 from tests.helpers import running_scheduler
-from timewheel import pg
-from timewheel.archiver import Archiver
+from timewheel.archive import pg
+from timewheel.archive.archiver import Archiver
+from timewheel.archive.events import event_rows
+from timewheel.archive.history import run_history
+from timewheel.archive.snapshot import take_snapshot
 from timewheel.config import Settings
 from timewheel.engine import Engine, NewTask
 from timewheel.errors import RedisUnavailable
-from timewheel.event_rows import event_rows
-from timewheel.history import run_history
-from timewheel.redis_server import RedisServer
-from timewheel.snapshot import take_snapshot
+from timewheel.store.server import RedisServer
 
 CLI = [sys.executable, "-m", "timewheel.cli"]
 
@@ -452,9 +452,9 @@ async def test_archiver_takes_a_snapshot_at_once_when_none_is_recent(
 async def test_schedule_history_falls_back_to_postgres_when_the_log_lost_it(
     engine_pg: tuple[Engine, str],
 ) -> None:
-    from timewheel.history import schedule_history
-    from timewheel.schedule import ScheduleSpec
-    from timewheel.schedules import NewSchedule
+    from timewheel.archive.history import schedule_history
+    from timewheel.schedules.ops import NewSchedule
+    from timewheel.schedules.spec import ScheduleSpec
 
     engine, dsn = engine_pg
     sched, _ = await engine.create_schedule(

@@ -20,15 +20,16 @@ from redis.exceptions import ResponseError
 from tests.conftest import test_settings
 from tests.helpers import all_deliveries, running_scheduler
 from tests.test_archive import archive_all
-from timewheel import ids, pg
+from timewheel import ids
+from timewheel.archive import pg
+from timewheel.archive.events import EVENT_COLUMNS, event_rows
+from timewheel.archive.restore import RestoredRun, restore
+from timewheel.archive.snapshot import take_snapshot
 from timewheel.config import Settings
 from timewheel.engine import Engine, NewTask
 from timewheel.errors import RestoreRefused, TaskNotFound
-from timewheel.event_rows import EVENT_COLUMNS, event_rows
 from timewheel.models import Task
-from timewheel.redis_server import RedisServer
-from timewheel.restore import RestoredRun, restore
-from timewheel.snapshot import take_snapshot
+from timewheel.store.server import RedisServer
 
 CLI = [sys.executable, "-m", "timewheel.cli"]
 HOUR_MS = 3_600_000
@@ -360,8 +361,8 @@ async def test_forced_restore_on_standalone_and_cluster(engine: Engine, postgres
 async def test_schedules_come_back_and_resume_per_their_catchup_policy(
     own_redis: RedisServer, postgres_dsn: str
 ) -> None:
-    from timewheel.schedule import ScheduleSpec
-    from timewheel.schedules import NewSchedule, ScheduleChanges
+    from timewheel.schedules.ops import NewSchedule, ScheduleChanges
+    from timewheel.schedules.spec import ScheduleSpec
 
     settings = test_settings(own_redis.url, postgres_dsn=postgres_dsn, misfire_ms=1_000)
     dsn_args = ["--postgres-dsn", postgres_dsn, "--redis-url", own_redis.url]

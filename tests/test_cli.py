@@ -15,8 +15,8 @@ import httpx
 import redis
 
 from timewheel.engine import Engine
-from timewheel.redis_server import RedisServer, find_free_port
-from timewheel.scripts import OPERATIONS
+from timewheel.store.library import OPERATIONS
+from timewheel.store.server import RedisServer, find_free_port
 
 CLI = [sys.executable, "-m", "timewheel.cli"]
 

@@ -15,9 +15,9 @@ import pytest
 
 from tests.apiserver import ApiServer, api_server
 from tests.test_engine import prime, tick_all
-from timewheel.cli import main
+from timewheel.cli.main import main
 from timewheel.engine import Engine
-from timewheel.worker import Worker
+from timewheel.runs.worker import Worker
 
 __all__ = ["api_server"]
 CLI = [sys.executable, "-m", "timewheel.cli"]

@@ -6,8 +6,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from timewheel.client import AsyncClient, Client
 from timewheel.errors import TransportError
+from timewheel.sdk.client import AsyncClient, Client
 
 
 class Flaky:

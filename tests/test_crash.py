@@ -44,13 +44,13 @@ from tests.apiserver import start_api
 from tests.conftest import test_settings
 from tests.helpers import all_deliveries, stream_keys
 from tests.nodes import Fleet, NodeProcess, settings_env
-from timewheel.client import Client
 from timewheel.config import Settings
 from timewheel.engine import Engine, NewTask
 from timewheel.errors import TaskNotFound
 from timewheel.models import Task, ms_to_rfc3339
-from timewheel.redis_client import connect
-from timewheel.redis_server import RedisServer
+from timewheel.sdk.client import Client
+from timewheel.store.connection import connect
+from timewheel.store.server import RedisServer
 
 REPO = Path(__file__).resolve().parents[1]
 

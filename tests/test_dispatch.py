@@ -11,7 +11,7 @@ from tests.conftest import test_settings
 from tests.helpers import all_deliveries, running_scheduler
 from timewheel.engine import Engine, NewTask
 from timewheel.models import Delivery, TickResult
-from timewheel.worker import Worker
+from timewheel.runs.worker import Worker
 
 
 def now_ms() -> int:

@@ -11,7 +11,7 @@ from tests.conftest import test_settings
 from tests.helpers import all_deliveries, running_scheduler
 from timewheel.engine import Engine, NewTask
 from timewheel.errors import RedisUnavailable
-from timewheel.redis_server import RedisServer
+from timewheel.store.server import RedisServer
 
 
 async def test_acknowledged_creates_survive_kill_9_of_redis(tmp_path: Path) -> None:

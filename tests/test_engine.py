@@ -9,10 +9,10 @@ from tests.helpers import all_deliveries
 from timewheel.engine import Engine, NewTask
 from timewheel.errors import InvalidState, PayloadTooLarge, TaskNotFound, ValidationError
 from timewheel.ids import shard_of
-from timewheel.keys import Keys
 from timewheel.models import LAG_BUCKETS_MS
-from timewheel.tasklist import list_tasks
-from timewheel.worker import Worker
+from timewheel.runs.worker import Worker
+from timewheel.store.keys import Keys
+from timewheel.tasks.listing import list_tasks
 
 NOW = 1_800_000_000_000  # a fixed shard clock for deterministic tests (2027-01-15)
 

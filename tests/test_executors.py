@@ -19,14 +19,14 @@ from tests.conftest import test_settings
 from tests.helpers import running_scheduler
 from tests.nodes import settings_env
 from tests.test_engine import NOW, prime, tick_all
-from timewheel import deadletters
+from timewheel.archive.history import run_history
 from timewheel.engine import Engine, NewTask
 from timewheel.errors import PermanentError, TaskNotFound
-from timewheel.history import run_history
 from timewheel.models import Delivery
-from timewheel.redis_server import find_free_port
-from timewheel.webhook import WebhookExecutor, retry_after_s
-from timewheel.worker import Worker
+from timewheel.runs import dead_letters as deadletters
+from timewheel.runs.webhook import WebhookExecutor, retry_after_s
+from timewheel.runs.worker import Worker
+from timewheel.store.server import find_free_port
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ from schemathesis.checks import (
 from tests.apiserver import ApiServer, api_server
 from timewheel.api.app import ENDPOINTS
 from timewheel.api.openapi import document
-from timewheel.client import Client
+from timewheel.sdk.client import Client
 
 __all__ = ["api_server"]
 MAX_EXAMPLES = 100

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from tests.test_engine import NOW, prime
+from timewheel.dispatch.leases import Leases, rendezvous_owner, share_of
+from timewheel.dispatch.scheduler import Scheduler
 from timewheel.engine import Engine, NewTask
 from timewheel.errors import LeaseLost
-from timewheel.leases import Leases, rendezvous_owner, share_of
-from timewheel.scheduler import Scheduler
 
 
 def test_rendezvous_gives_every_shard_one_owner_and_moves_little() -> None:

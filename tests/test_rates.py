@@ -8,8 +8,8 @@ import time
 
 from tests.helpers import all_deliveries, running_scheduler
 from tests.test_engine import NOW, prime
+from timewheel.dispatch.rates import share_text
 from timewheel.engine import Engine, NewTask
-from timewheel.rates import share_text
 from timewheel.tenants import Limits, TenantStore
 
 

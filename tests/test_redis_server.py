@@ -10,9 +10,9 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 
-from timewheel import redis_server
 from timewheel.errors import ConfigError
-from timewheel.redis_server import (
+from timewheel.store import server as redis_server
+from timewheel.store.server import (
     CLUSTER_SLOTS,
     RECOMMENDED_CONFIG,
     RedisClusterServers,

@@ -19,7 +19,7 @@ from tests.test_api import tenant_headers
 from timewheel.api import create_app
 from timewheel.engine import Engine, NewTask
 from timewheel.errors import RedisUnavailable, ReplicasBehind
-from timewheel.redis_server import RedisClusterServers, RedisServer
+from timewheel.store.server import RedisClusterServers, RedisServer
 
 
 def sync_client(server: RedisServer) -> redis.Redis:

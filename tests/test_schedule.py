@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 import pytest
 
 from timewheel.errors import InvalidSchedule
-from timewheel.schedule import ScheduleSpec, fire_times
+from timewheel.schedules.spec import ScheduleSpec, fire_times
 
 NY = "America/New_York"
 

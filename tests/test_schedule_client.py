@@ -14,8 +14,8 @@ import httpx
 import pytest
 
 from tests.apiserver import ApiServer, api_server
-from timewheel.client import AsyncClient, Client
 from timewheel.errors import NotFoundError, PermissionDeniedError, UnprocessableError
+from timewheel.sdk.client import AsyncClient, Client
 
 __all__ = ["api_server"]
 

@@ -11,9 +11,9 @@ import pytest
 from tests.test_schedules import NOW, create, engine, events, every, run_at
 from timewheel.engine import Engine
 from timewheel.errors import ValidationError
-from timewheel.schedule import ScheduleSpec
-from timewheel.schedules import NewSchedule, ScheduleChanges
-from timewheel.spread import offset_ms
+from timewheel.schedules.ops import NewSchedule, ScheduleChanges
+from timewheel.schedules.spec import ScheduleSpec
+from timewheel.tasks.window import offset_ms
 
 __all__ = ["engine"]
 

@@ -10,8 +10,8 @@ from tests.conftest import test_settings
 from tests.test_schedules import NOW, every
 from timewheel.engine import Engine
 from timewheel.errors import ValidationError
-from timewheel.schedulelist import list_schedules
-from timewheel.schedules import NewSchedule
+from timewheel.schedules.listing import list_schedules
+from timewheel.schedules.ops import NewSchedule
 
 
 @pytest.fixture

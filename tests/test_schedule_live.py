@@ -13,12 +13,12 @@ import pytest
 
 from tests.conftest import test_settings
 from tests.helpers import all_deliveries, running_scheduler
+from timewheel.dispatch.scheduler import Scheduler
 from timewheel.engine import Engine
 from timewheel.models import Delivery
-from timewheel.schedule import ScheduleSpec, fire_times
-from timewheel.scheduler import Scheduler
-from timewheel.schedules import NewSchedule
-from timewheel.worker import Worker
+from timewheel.runs.worker import Worker
+from timewheel.schedules.ops import NewSchedule
+from timewheel.schedules.spec import ScheduleSpec, fire_times
 
 MISFIRE_MS = 1_000
 

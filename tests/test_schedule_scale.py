@@ -21,8 +21,8 @@ import pytest
 from tests.conftest import test_settings
 from tests.helpers import all_deliveries, running_scheduler
 from timewheel.engine import Engine
-from timewheel.schedule import ScheduleSpec, fire_times
-from timewheel.schedules import NewSchedule
+from timewheel.schedules.ops import NewSchedule
+from timewheel.schedules.spec import ScheduleSpec, fire_times
 
 SCHEDULES = 5_000
 WINDOW_S = 30

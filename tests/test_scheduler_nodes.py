@@ -18,7 +18,7 @@ from tests.helpers import all_deliveries
 from tests.nodes import Fleet, NodeProcess
 from timewheel.config import Settings
 from timewheel.engine import Engine, NewTask
-from timewheel.redis_server import find_free_port
+from timewheel.store.server import find_free_port
 
 TTL_MS = 2000
 

@@ -13,8 +13,8 @@ from tests.helpers import all_deliveries
 from timewheel.engine import Engine
 from timewheel.errors import InvalidState, TaskNotFound
 from timewheel.models import Delivery
-from timewheel.schedule import ScheduleSpec
-from timewheel.schedules import NewSchedule, ScheduleChanges
+from timewheel.schedules.ops import NewSchedule, ScheduleChanges
+from timewheel.schedules.spec import ScheduleSpec
 
 NOW = 1_800_000_000_000  # a whole second, so every-1-s fire times are NOW + k * 1000
 GROUP = "g"

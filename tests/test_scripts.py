@@ -13,8 +13,7 @@ import redis.asyncio as aioredis
 from tests.conftest import test_settings
 from timewheel.engine import Engine, NewTask
 from timewheel.errors import ConfigError
-from timewheel.record import FIELDS, TaskState
-from timewheel.scripts import (
+from timewheel.store.library import (
     OPERATIONS,
     Library,
     ScriptCode,
@@ -22,6 +21,7 @@ from timewheel.scripts import (
     header_codes,
     lua_dir,
 )
+from timewheel.store.record import FIELDS, TaskState
 
 
 def test_every_operation_has_a_contract_header() -> None:

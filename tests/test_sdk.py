@@ -15,7 +15,6 @@ import redis
 
 from tests.apiserver import ApiServer, api_server
 from tests.test_engine import prime, tick_all
-from timewheel.client import AsyncClient, Client, raise_for
 from timewheel.engine import Engine
 from timewheel.errors import (
     ApiError,
@@ -29,9 +28,10 @@ from timewheel.errors import (
     TransportError,
     UnprocessableError,
 )
-from timewheel.keys import Keys
-from timewheel.redis_server import find_free_port
-from timewheel.worker import Worker
+from timewheel.runs.worker import Worker
+from timewheel.sdk.client import AsyncClient, Client, raise_for
+from timewheel.store.keys import Keys
+from timewheel.store.server import find_free_port
 
 __all__ = ["api_server"]
 

@@ -6,7 +6,7 @@ import pytest
 
 from timewheel.engine import Engine, NewTask
 from timewheel.errors import ValidationError
-from timewheel.tasklist import list_tasks
+from timewheel.tasks.listing import list_tasks
 
 
 async def _all(engine: Engine, tenant: str, limit: int, **filters: str) -> list[str]:

@@ -15,7 +15,7 @@ from timewheel.errors import (
     ValidationError,
 )
 from timewheel.models import CreateResult, Delivery, Task, TickResult
-from timewheel.worker import Retry, Worker, run_worker
+from timewheel.runs.worker import Retry, Worker, run_worker
 
 __version__ = "0.1.0"
 

@@ -1,8 +1,9 @@
 """The engine: every task operation, each one Lua call on one shard.
 
 Where a task goes: `create` puts it in its shard's wheel (near level or a far bucket,
-lua/task_create.lua); `promote` moves far buckets nearer (lua/dispatch_promote.lua); `tick` moves due
-runs into ready streams (lua/dispatch_tick.lua); `cancel` and `update` change them while still
+lua/task_create.lua); `promote` moves far buckets nearer (lua/dispatch_promote.lua);
+`tick` moves due runs into ready streams (lua/dispatch_tick.lua);
+`cancel` and `update` change them while still
 scheduled; `reap` fails runs whose executor lease expired (lua/dispatch_reap.lua). The executor
 side, `ack` and `fail`, is in timewheel/outcomes.py. Python only reads (`get`).
 """
@@ -19,8 +20,9 @@ from typing import Any
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 
-from timewheel import ids, record, spread
+from timewheel import ids
 from timewheel.config import Settings
+from timewheel.dispatch.rates import DispatchRates
 from timewheel.errors import (
     ConfigError,
     LeaseLost,
@@ -30,7 +32,6 @@ from timewheel.errors import (
     TaskNotFound,
     ValidationError,
 )
-from timewheel.keys import Keys
 from timewheel.models import (
     LAG_BUCKETS_MS,
     CreateResult,
@@ -39,12 +40,14 @@ from timewheel.models import (
     Task,
     TickResult,
 )
-from timewheel.outcomes import OutcomeOps
-from timewheel.pipeline import ScriptCall, run_pipeline
-from timewheel.rates import DispatchRates
-from timewheel.redis_client import RedisClient, connect
-from timewheel.schedules import ScheduleOps
-from timewheel.scripts import Script, ScriptArg, Scripts, check
+from timewheel.runs.outcomes import OutcomeOps
+from timewheel.schedules.ops import ScheduleOps
+from timewheel.store import record
+from timewheel.store.connection import RedisClient, connect
+from timewheel.store.keys import Keys
+from timewheel.store.library import Script, ScriptArg, Scripts, check
+from timewheel.store.pipeline import ScriptCall, run_pipeline
+from timewheel.tasks import window as spread
 
 NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 

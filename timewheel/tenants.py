@@ -27,10 +27,10 @@ from typing import Any
 
 from redis.exceptions import RedisError, WatchError
 
+from timewheel.dispatch.rates import DispatchRates
 from timewheel.errors import Conflict, NotFound, OverLimit, RedisUnavailable, Unauthorized
-from timewheel.keys import Keys
-from timewheel.rates import DispatchRates
-from timewheel.redis_client import RedisClient
+from timewheel.store.connection import RedisClient
+from timewheel.store.keys import Keys
 
 CACHE_TTL_S = 1.0
 UPDATE_TRIES = 20

@@ -12,9 +12,9 @@ from timewheel.api.endpoints import Endpoint, build_routes
 from timewheel.api.errors import HANDLERS
 from timewheel.api.metrics import ApiMetrics
 from timewheel.api.openapi import document
-from timewheel.api.routes import OPS_ENDPOINTS, TASK_ENDPOINTS
-from timewheel.api.schedule_routes import SCHEDULE_ENDPOINTS
-from timewheel.api.tenant_routes import TENANT_ENDPOINTS
+from timewheel.api.schedules import SCHEDULE_ENDPOINTS
+from timewheel.api.tasks import OPS_ENDPOINTS, TASK_ENDPOINTS
+from timewheel.api.tenants import TENANT_ENDPOINTS
 from timewheel.config import Settings
 from timewheel.engine import Engine
 from timewheel.tenants import TenantStore

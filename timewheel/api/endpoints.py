@@ -22,7 +22,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from timewheel.api import schemas
+from timewheel.api import common as schemas
 from timewheel.api.errors import response_for
 from timewheel.api.metrics import ApiMetrics
 from timewheel.api.spec import Obj, Query, Schema

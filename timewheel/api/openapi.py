@@ -6,7 +6,7 @@ import re
 from typing import Any
 
 from timewheel import __version__
-from timewheel.api import schemas
+from timewheel.api import common as schemas
 from timewheel.api.endpoints import PUBLIC, Endpoint
 
 REASONS = {

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from timewheel.api.schemas import EVENT, OPT_TIME, RETRY, TIME, page_schema, payload_json
+from timewheel.api.common import EVENT, OPT_TIME, RETRY, TIME, page_schema, payload_json
 from timewheel.api.spec import (
     AnyJSON,
     Bool,
@@ -24,9 +24,9 @@ from timewheel.api.spec import (
 )
 from timewheel.errors import ValidationError
 from timewheel.models import JSONValue
-from timewheel.schedule import ScheduleSpec
-from timewheel.schedules import CATCHUPS, OVERLAPS, NewSchedule, ScheduleChanges
-from timewheel.spread import MAX_SPREAD_S
+from timewheel.schedules.ops import CATCHUPS, OVERLAPS, NewSchedule, ScheduleChanges
+from timewheel.schedules.spec import ScheduleSpec
+from timewheel.tasks.window import MAX_SPREAD_S
 
 MAX_WINDOW_S = 366 * 86400
 TIMING_FIELDS = ("cron", "timezone", "every_s", "start_at", "end_at")

@@ -1,0 +1,150 @@
+"""Schedule handlers of the HTTP API v1 (DESIGN.md sections 7, 11), and their rows of the
+endpoint table."""
+
+from __future__ import annotations
+
+from starlette.responses import JSONResponse, Response
+
+from timewheel.api import schedule_schemas as S
+from timewheel.api.endpoints import Call, Endpoint
+from timewheel.api.tasks import check_tenant_payload, event_json
+from timewheel.archive.history import schedule_history
+from timewheel.schedules import listing as schedulelist
+from timewheel.schedules.ops import ScheduleChanges
+
+
+async def create_schedule(call: Call) -> Response:
+    engine, tenant = call.engine, await call.tenant()
+    new = S.new_schedule(
+        call.data,
+        tenant.id,
+        default_queue=engine.settings.default_queue,
+        idempotency_header=call.request.headers.get("idempotency-key"),
+    )
+    check_tenant_payload(tenant, new.payload_json)
+    schedule, created = await engine.create_schedule(new)
+    return JSONResponse(schedule.to_json(), status_code=201 if created else 200)
+
+
+async def list_schedules(call: Call) -> Response:
+    q = call.query
+    items, next_cursor = await schedulelist.list_schedules(
+        call.engine, call.tenant_id, limit=q["limit"], cursor=q["cursor"]
+    )
+    return JSONResponse({"items": [s.to_json() for s in items], "next_cursor": next_cursor})
+
+
+async def get_schedule(call: Call) -> Response:
+    schedule = await call.engine.get_schedule(call.tenant_id, call.path["schedule_id"])
+    return JSONResponse(schedule.to_json())
+
+
+async def update_schedule(call: Call) -> Response:
+    engine, tenant = call.engine, await call.tenant()
+    sid = call.path["schedule_id"]
+    changes = S.schedule_changes(call.data)
+    if changes.payload_json is not None:
+        check_tenant_payload(tenant, changes.payload_json)
+    paused = call.data.get("paused")
+    schedule = None
+    if paused is True:
+        schedule = await engine.pause_schedule(tenant.id, sid)
+    if changes != ScheduleChanges():
+        schedule = await engine.update_schedule(tenant.id, sid, changes)
+    if paused is False:
+        schedule = await engine.resume_schedule(tenant.id, sid)
+    if schedule is None:  # a body the spec lets through changes something; be safe
+        schedule = await engine.get_schedule(tenant.id, sid)
+    return JSONResponse(schedule.to_json())
+
+
+async def delete_schedule(call: Call) -> Response:
+    sid = call.path["schedule_id"]
+    dropped = await call.engine.delete_schedule(call.tenant_id, sid)
+    return JSONResponse({"id": sid, "deleted": True, "runs_dropped": dropped})
+
+
+async def pause_schedule(call: Call) -> Response:
+    schedule = await call.engine.pause_schedule(call.tenant_id, call.path["schedule_id"])
+    return JSONResponse(schedule.to_json())
+
+
+async def resume_schedule(call: Call) -> Response:
+    schedule = await call.engine.resume_schedule(call.tenant_id, call.path["schedule_id"])
+    return JSONResponse(schedule.to_json())
+
+
+async def trigger_schedule(call: Call) -> Response:
+    run_id = await call.engine.trigger_schedule(call.tenant_id, call.path["schedule_id"])
+    return JSONResponse({"run_id": run_id, "state": "scheduled"}, status_code=201)
+
+
+async def backfill_schedule(call: Call) -> Response:
+    sid = call.path["schedule_id"]
+    added, existing = await call.engine.backfill_schedule(
+        call.tenant_id, sid, call.data["from"], call.data["to"]
+    )
+    return JSONResponse({"id": sid, "added": added, "existing": existing})
+
+
+async def schedule_runs(call: Call) -> Response:
+    sid = call.path["schedule_id"]
+    schedule = await call.engine.get_schedule(call.tenant_id, sid)  # the tenant's, or 404
+    runs = await schedule_history(call.engine, sid, schedule.created_ms)
+    return JSONResponse(
+        {
+            "schedule_id": sid,
+            "runs": [
+                {
+                    "run_id": run.run_id,
+                    "state": _state_of(run.events[-1].kind),
+                    "events": [event_json(e) for e in run.events],
+                }
+                for run in runs
+            ],
+        }
+    )
+
+
+def _state_of(last_event: str) -> str:
+    """A run's state after its last event."""
+    return {
+        "dispatched": "dispatched",
+        "acked": "succeeded",
+        "dead": "dead",
+        "skipped": "skipped",
+        "cancelled": "cancelled",
+    }.get(last_event, "scheduled")
+
+
+_ONE = "/v1/schedules/{schedule_id}"
+
+# fmt: off
+SCHEDULE_ENDPOINTS = [
+    Endpoint("POST", "/v1/schedules", create_schedule, "createSchedule",
+             "Create a recurring schedule (cron in a time zone, or every N seconds)",
+             body=S.SCHEDULE_CREATE, status=201, response=S.SCHEDULE, extra_statuses=(200,)),
+    Endpoint("GET", "/v1/schedules", list_schedules, "listSchedules",
+             "The tenant's schedules, a page at a time (follow next_cursor until null)",
+             query=S.SCHEDULE_PAGE, response=S.SCHEDULE_PAGE_OUT),
+    Endpoint("GET", _ONE, get_schedule, "getSchedule", "A schedule", response=S.SCHEDULE),
+    Endpoint("PATCH", _ONE, update_schedule, "updateSchedule",
+             "Change a schedule (its runs not yet sent are replaced at once); pause or resume",
+             body=S.SCHEDULE_PATCH, response=S.SCHEDULE, errors=(409,)),
+    Endpoint("DELETE", _ONE, delete_schedule, "deleteSchedule",
+             "Delete a schedule and its runs not yet sent", response=S.DELETED),
+    Endpoint("POST", _ONE + "/pause", pause_schedule, "pauseSchedule",
+             "Stop planning; drop the runs not yet sent", response=S.SCHEDULE, errors=(409,)),
+    Endpoint("POST", _ONE + "/resume", resume_schedule, "resumeSchedule",
+             "Plan again; the paused span follows the catchup policy", response=S.SCHEDULE,
+             errors=(409,)),
+    Endpoint("POST", _ONE + "/trigger", trigger_schedule, "triggerSchedule",
+             "One run now (run id <id>@manual-<ms>)", status=201, response=S.TRIGGERED),
+    Endpoint("POST", _ONE + "/backfill", backfill_schedule, "backfillSchedule",
+             "A run for every fire time in [from, to] (at most 1,000)", body=S.BACKFILL,
+             response=S.BACKFILLED),
+    Endpoint("GET", _ONE + "/runs", schedule_runs, "getScheduleRuns",
+             "The schedule's runs, with their events (event log, then the archive)",
+             response=S.SCHEDULE_RUNS),
+]
+# fmt: on

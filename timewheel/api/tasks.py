@@ -1,0 +1,270 @@
+"""Task, dead-letter and operations handlers of the HTTP API v1 (DESIGN.md section 11),
+and their rows of the endpoint table."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.responses import JSONResponse, Response
+
+from timewheel.api import common as schemas
+from timewheel.api.endpoints import PUBLIC, Call, Endpoint
+from timewheel.api.errors import error_body, status_of
+from timewheel.archive.history import RunEvent, run_history
+from timewheel.engine import NewTask
+from timewheel.errors import PayloadTooLarge, ValidationError
+from timewheel.models import CreateResult, Task, ms_to_rfc3339
+from timewheel.runs import dead_letters as deadletters
+from timewheel.tasks import listing as tasklist
+from timewheel.tenants import Tenant
+
+
+def check_tenant_payload(tenant: Tenant, payload_json: str) -> None:
+    """Raise PayloadTooLarge if the payload is over the tenant's own limit."""
+    limit = tenant.limits.max_payload_bytes
+    size = len(payload_json.encode())
+    if limit is not None and size > limit:
+        raise PayloadTooLarge(
+            f"payload is {size} bytes; the tenant's limit is {limit}", field="payload"
+        )
+
+
+def event_json(e: RunEvent) -> dict[str, object]:
+    """One event of a run's history as the API shows it (schemas.EVENT)."""
+    return {
+        "event": e.kind,
+        "at": ms_to_rfc3339(e.at_ms),
+        "attempt": e.attempt,
+        "reason": e.reason,
+        "error": e.error,
+    }
+
+
+def _due_estimate(new: NewTask) -> int:
+    if new.run_at_ms is not None:
+        return new.run_at_ms
+    return int(time.time() * 1000) + (new.delay_ms or 0)
+
+
+async def create_task(call: Call) -> Response:
+    engine, tenant = call.engine, await call.tenant()
+    new = schemas.new_task(
+        call.data,
+        tenant.id,
+        default_queue=engine.settings.default_queue,
+        idempotency_header=call.request.headers.get("idempotency-key"),
+    )
+    engine.check_payload(new.payload_json)
+    check_tenant_payload(tenant, new.payload_json)
+    await call.store.check_pending(tenant, 1)
+    result = await call.request.app.state.creates.create(new)
+    if result.created:
+        await call.store.count_pending(tenant, [(result.due_ms, 1)])
+    task = result.task or _fresh(new, result)
+    return JSONResponse(task.to_json(), status_code=201 if result.created else 200)
+
+
+def _fresh(new: NewTask, result: CreateResult) -> Task:
+    """The task a create just stored, as GET would read it back (no second round trip)."""
+    return Task(
+        id=result.task_id,
+        run_id=result.task_id,
+        tenant=new.tenant,
+        queue=new.queue,
+        state="scheduled",
+        attempt=0,
+        due_ms=result.due_ms,
+        created_ms=result.created_ms or result.due_ms,
+        updated_ms=None,
+        payload_json=new.payload_json,
+        options=dict(new.options),
+    )
+
+
+async def get_task(call: Call) -> Response:
+    task = await call.engine.get(call.tenant_id, call.path["task_id"])
+    return JSONResponse(task.to_json())
+
+
+async def list_tasks(call: Call) -> Response:
+    q = call.query
+    items, next_cursor = await tasklist.list_tasks(
+        call.engine,
+        call.tenant_id,
+        queue=q["queue"],
+        state=q["state"],
+        limit=q["limit"],
+        cursor=q["cursor"],
+    )
+    return JSONResponse({"items": [t.to_json() for t in items], "next_cursor": next_cursor})
+
+
+async def update_task(call: Call) -> Response:
+    engine, tenant = call.engine, await call.tenant()
+    task_id = call.path["task_id"]
+    before = await engine.get(tenant.id, task_id)
+    run_at_ms, delay_ms, payload_json = schemas.patch_values(call.data)
+    if payload_json is not None:
+        check_tenant_payload(tenant, payload_json)
+    task = await engine.update(
+        tenant.id, task_id, run_at_ms=run_at_ms, delay_ms=delay_ms, payload_json=payload_json
+    )
+    if task.due_ms != before.due_ms:
+        await call.store.count_pending(tenant, [(before.due_ms, -1), (task.due_ms, 1)])
+    return JSONResponse(task.to_json())
+
+
+async def cancel_task(call: Call) -> Response:
+    tenant = await call.tenant()
+    task = await call.engine.cancel(tenant.id, call.path["task_id"])
+    await call.store.count_pending(tenant, [(task.due_ms, -1)])
+    return JSONResponse(task.to_json())
+
+
+async def create_batch(call: Call) -> Response:
+    """Up to MAX_BATCH creates; each item answers on its own (status, task or error)."""
+    engine, tenant = call.engine, await call.tenant()
+    items = call.data["tasks"]
+    results: list[dict[str, object] | None] = [None] * len(items)
+    valid: list[tuple[int, NewTask]] = []
+    for i, item in enumerate(items):
+        try:
+            if not isinstance(item, dict):
+                raise ValidationError("each task must be a JSON object", field=f"tasks[{i}]")
+            new = schemas.parse_create(
+                item, tenant.id, default_queue=engine.settings.default_queue,
+                idempotency_header=None,
+            )
+            engine.check_payload(new.payload_json)
+            check_tenant_payload(tenant, new.payload_json)
+            valid.append((i, new))
+        except ValidationError as exc:
+            results[i] = {"status": status_of(exc), "error": error_body(exc)}
+    await call.store.check_pending(tenant, len(valid))
+    created = await engine.create_many([new for _, new in valid]) if valid else []
+    counted: list[tuple[int, int]] = []
+    for (i, new), res in zip(valid, created, strict=True):
+        if res.task is not None:
+            results[i] = {"status": 200, "task": res.task.to_json()}
+            continue
+        counted.append((res.due_ms, 1))
+        results[i] = {
+            "status": 201,
+            "task": {
+                "id": res.task_id,
+                "run_id": res.task_id,
+                "queue": new.queue,
+                "state": "scheduled",
+                "attempt": 0,
+                "run_at": ms_to_rfc3339(res.due_ms),
+            },
+        }
+    await call.store.count_pending(tenant, counted)
+    return JSONResponse({"results": results})
+
+
+async def task_runs(call: Call) -> Response:
+    engine, tenant = call.engine, call.tenant_id
+    task = await engine.get(tenant, call.path["task_id"])
+    events = await run_history(engine, tenant, task.run_id)
+    return JSONResponse({"run_id": task.run_id, "events": [event_json(e) for e in events]})
+
+
+async def list_dead_letters(call: Call) -> Response:
+    items, next_cursor = await deadletters.list_dead(
+        call.engine, call.tenant_id, limit=call.query["limit"], after=call.query["cursor"]
+    )
+    return JSONResponse(
+        {
+            "items": [
+                {
+                    "run_id": d.run_id,
+                    "queue": d.queue,
+                    "attempt": d.attempt,
+                    "reason": d.reason,
+                    "error": d.error,
+                    "dead_at": ms_to_rfc3339(d.dead_ms),
+                    "run_at": ms_to_rfc3339(d.due_ms),
+                    "payload": json.loads(d.payload_json) if d.payload_json else None,
+                }
+                for d in items
+            ],
+            "next_cursor": next_cursor,
+        }
+    )
+
+
+async def replay_dead_letter(call: Call) -> Response:
+    run_id = call.path["run_id"]
+    due_ms = await deadletters.replay(call.engine, call.tenant_id, run_id)
+    return JSONResponse({"run_id": run_id, "state": "scheduled", "run_at": ms_to_rfc3339(due_ms)})
+
+
+async def purge_dead_letter(call: Call) -> Response:
+    run_id = call.path["run_id"]
+    await deadletters.purge(call.engine, call.tenant_id, run_id)
+    return JSONResponse({"run_id": run_id, "purged": True})
+
+
+async def healthz(call: Call) -> Response:
+    return JSONResponse({"status": "ok"})
+
+
+async def readyz(call: Call) -> Response:
+    if await call.engine.ping():
+        return JSONResponse({"status": "ready"})
+    return JSONResponse(
+        {"error": {"code": "unavailable", "message": "Redis is unreachable", "field": None}},
+        status_code=503,
+    )
+
+
+async def metrics(call: Call) -> Response:
+    registry = call.request.app.state.metrics.registry
+    return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+
+async def openapi(call: Call) -> Response:
+    return JSONResponse(call.request.app.state.openapi)
+
+
+S = schemas
+_TASK = "/v1/tasks/{task_id}"
+TASK_ENDPOINTS = [
+    Endpoint("POST", "/v1/tasks", create_task, "createTask", "Schedule a one-shot task",
+             body=S.CREATE, status=201, response=S.TASK, errors=(429,), extra_statuses=(200,)),
+    Endpoint("POST", "/v1/tasks/batch", create_batch, "createTasks",
+             "Schedule up to 1,000 tasks (a body of at most 16 MiB); a result per item",
+             body=S.BATCH, response=S.BATCH_OUT, errors=(429,), max_body_bytes=16 << 20),
+    Endpoint("GET", "/v1/tasks", list_tasks, "listTasks",
+             "The tenant's tasks, filtered, a page at a time (follow next_cursor to null)",
+             query=S.TASK_PAGE, response=S.TASK_PAGE_OUT),
+    Endpoint("GET", _TASK, get_task, "getTask", "A task", response=S.TASK),
+    Endpoint("PATCH", _TASK, update_task, "updateTask",
+             "Reschedule and/or replace the payload (while scheduled)", body=S.PATCH,
+             response=S.TASK, errors=(409,)),
+    Endpoint("DELETE", _TASK, cancel_task, "cancelTask", "Cancel (while scheduled)",
+             response=S.TASK, errors=(409,)),
+    Endpoint("GET", _TASK + "/runs", task_runs, "getTaskRuns", "The run's history",
+             response=S.RUNS_OUT),
+    Endpoint("GET", "/v1/dead-letters", list_dead_letters, "listDeadLetters",
+             "The tenant's dead letters, oldest first", query=S.DEAD_PAGE,
+             response=S.DEAD_PAGE_OUT),
+    Endpoint("POST", "/v1/dead-letters/{run_id}/replay", replay_dead_letter,
+             "replayDeadLetter", "Put a dead run back into the wheel, due now",
+             response=S.REPLAY_OUT),
+    Endpoint("DELETE", "/v1/dead-letters/{run_id}", purge_dead_letter, "purgeDeadLetter",
+             "Delete a dead run for good", response=S.PURGE_OUT),
+]
+
+OPS_ENDPOINTS = [
+    Endpoint("GET", "/healthz", healthz, "healthz", "Liveness", role=PUBLIC,
+             response=S.STATUS_OUT),
+    Endpoint("GET", "/readyz", readyz, "readyz", "Readiness (Redis reachable)", role=PUBLIC,
+             response=S.STATUS_OUT),
+    Endpoint("GET", "/metrics", metrics, "metrics", "Prometheus metrics of this api process",
+             role=PUBLIC, response_type="text/plain"),
+    Endpoint("GET", "/openapi.json", openapi, "openapi", "This document", role=PUBLIC),
+]

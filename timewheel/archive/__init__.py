@@ -1,0 +1,1 @@
+"""PostgreSQL: the event archiver, run history, snapshots and restore."""

@@ -1,0 +1,297 @@
+"""Snapshots: a copy of every pending run (and schedule) into PostgreSQL, read in small steps.
+
+Per shard the snapshot first reads the event log's newest entry id (the shard's position),
+then copies the run records with HSCAN of each body hash: a listpack-sized hash answers in
+one short call, so Redis is never blocked for more than about a millisecond at a time.
+The copy is not a point-in-time image of the shard, and need not be: every change made
+after the position is in the event log after it, which the archiver stores in
+run_events. Restore replays those events, in order, on top of the copied records, and
+each event sets absolute values (state, attempt, due time), so the result is the state
+at the last archived event (redo from a fuzzy checkpoint).
+
+The whole snapshot is one PostgreSQL transaction: a snapshot that died half way leaves
+nothing behind, and `finished_at` marks the complete ones.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+import structlog
+from redis.exceptions import RedisError
+
+from timewheel import ids
+from timewheel.engine import Engine
+from timewheel.errors import PostgresUnavailable, RedisUnavailable
+from timewheel.store import record
+from timewheel.store.record import TaskState
+
+log = structlog.get_logger("timewheel.snapshot")
+
+BODY_SUFFIXES = [a + b for a in ids.ALPHABET for b in ids.ALPHABET]
+"""Every body hash of a shard is t:<xy>, xy = the last two characters of a task id."""
+HSCAN_COUNT = 1000
+"""Fields per HSCAN step of a hashtable-encoded body (a listpack one answers whole)."""
+KEYS_PER_ROUND_TRIP = 128
+"""Body hashes asked for in one pipeline: bounds the memory of a step, not Redis time."""
+KEEP_SNAPSHOTS = 3
+"""Complete snapshots kept; older ones are deleted by the snapshot that completes."""
+SNAPSHOT_STATES = (TaskState.SCHEDULED, TaskState.DISPATCHED, TaskState.DEAD)
+"""Copied states: pending runs, and dead ones (a later `replayed` event brings them back)."""
+
+TASK_COLUMNS = (
+    "snapshot_id",
+    "shard",
+    "run_id",
+    "tenant",
+    "queue",
+    "state",
+    "attempt",
+    "due_ms",
+    "created_ms",
+    "updated_ms",
+    "payload",
+    "opts",
+    "last_error",
+    "schedule_id",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleCopy:
+    """One schedule hash as read from Redis."""
+
+    schedule_id: str
+    tenant: str | None
+    definition: dict[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotResult:
+    snapshot_id: int
+    tasks: int
+    schedules: int
+
+
+async def read_schedule_hashes(engine: Engine, shard: int) -> list[ScheduleCopy]:
+    """Every schedule of one shard as stored in Redis: the shard's schedule index read in
+    steps of 200 (SSCAN), each step's hashes in one pipeline."""
+    client, keys = engine.client, engine.keys
+    out: list[ScheduleCopy] = []
+    cursor = 0
+    try:
+        while True:
+            next_cursor, members = await client.sscan(keys.schedules(shard), cursor, count=200)
+            cursor = int(next_cursor)
+            sids = [m.decode() if isinstance(m, bytes) else str(m) for m in members]
+            if sids:
+                pipe = client.pipeline(transaction=False)
+                for sid in sids:
+                    pipe.hgetall(keys.schedule(shard, sid))
+                hashes: list[Any] = await pipe.execute()
+                out.extend(
+                    _schedule_copy(sid, raw) for sid, raw in zip(sids, hashes, strict=True) if raw
+                )
+            if int(cursor) == 0:
+                return out
+    except (RedisError, OSError) as exc:
+        raise RedisUnavailable(f"cannot read the schedules of shard {shard}: {exc}") from exc
+
+
+def _schedule_copy(sid: str, raw: dict[bytes, bytes]) -> ScheduleCopy:
+    definition = {k.decode(): v.decode() for k, v in raw.items()}
+    return ScheduleCopy(sid, definition.get("tenant"), definition)
+
+
+async def _position(engine: Engine, shard: int) -> tuple[int, int]:
+    """The id of the newest entry in the shard's event log, (0, 0) if there is none."""
+    try:
+        last: Any = await engine.client.xrevrange(engine.keys.events(shard), count=1)
+    except (RedisError, OSError) as exc:
+        raise RedisUnavailable(f"cannot read the event log of shard {shard}: {exc}") from exc
+    if not last:
+        return 0, 0
+    ms, _, seq = last[0][0].decode().partition("-")
+    return int(ms), int(seq)
+
+
+async def _scan_bodies(
+    engine: Engine, shard: int, keys: Sequence[str]
+) -> list[tuple[bytes, bytes]]:
+    """Every (run id, record) of the given body hashes, one HSCAN step per key per round."""
+    out: list[tuple[bytes, bytes]] = []
+    cursors = {key: 0 for key in keys}
+    while cursors:
+        pipe = engine.client.pipeline(transaction=False)
+        for key, cursor in cursors.items():
+            pipe.hscan(key, cursor, count=HSCAN_COUNT)
+        try:
+            replies: list[Any] = await pipe.execute()
+        except (RedisError, OSError) as exc:
+            raise RedisUnavailable(f"cannot scan the records of shard {shard}: {exc}") from exc
+        following: dict[str, int] = {}
+        for key, (cursor, fields) in zip(cursors, replies, strict=True):
+            out.extend(
+                (engine.keys.run_id_in_body(shard, key, f.decode()).encode(), raw)
+                for f, raw in fields.items()
+            )
+            if int(cursor):
+                following[key] = int(cursor)
+        cursors = following
+    return out
+
+
+def task_row(
+    snapshot_id: int, shard: int, run_id: bytes, raw: bytes, *, sent: bool = False
+) -> tuple[Any, ...] | None:
+    """The snapshot_tasks row of a record (`sent`: dispatched though it says scheduled,
+    see Engine.sent_runs), or None if its state is not copied."""
+    v = record.decode_fields(raw, sent)
+    if v[0] not in SNAPSHOT_STATES:
+        return None
+    return (
+        snapshot_id,
+        shard,
+        run_id.decode(),
+        v[3],
+        v[4],
+        TaskState(v[0]).label,
+        v[1],
+        v[2],
+        v[5],
+        v[8],
+        v[6],
+        v[7],
+        v[9],
+        v[10],
+    )
+
+
+async def take_snapshot(
+    engine: Engine,
+    conn: psycopg.AsyncConnection[tuple[object, ...]],
+    *,
+    keep: int = KEEP_SNAPSHOTS,
+) -> SnapshotResult:
+    """Copy every pending run and schedule of the deployment into PostgreSQL.
+
+    Raises:
+        RedisUnavailable: Redis failed while reading.
+        PostgresUnavailable: a statement failed (nothing of this snapshot is kept).
+    """
+    s = engine.settings
+    tasks = schedules = 0
+    try:
+        async with conn.transaction(), conn.cursor() as cur:
+            await cur.execute(
+                "INSERT INTO snapshots (prefix, shards, bucket_ms) VALUES (%s, %s, %s)"
+                " RETURNING snapshot_id",
+                (s.prefix, s.shards, s.bucket_ms),
+            )
+            row = await cur.fetchone()
+            assert row is not None
+            snapshot_id = int(str(row[0]))
+            for shard in range(s.shards):
+                position = await _position(engine, shard)
+                await cur.execute(
+                    "INSERT INTO snapshot_shards (snapshot_id, shard, from_ms, from_seq)"
+                    " VALUES (%s, %s, %s, %s)",
+                    (snapshot_id, shard, *position),
+                )
+                tasks += await _copy_tasks(engine, cur, snapshot_id, shard)
+                schedules += await _copy_schedules(engine, cur, snapshot_id, shard)
+            await cur.execute(
+                "UPDATE snapshots SET finished_at = now(), tasks = %s, schedules = %s"
+                " WHERE snapshot_id = %s",
+                (tasks, schedules, snapshot_id),
+            )
+            await cur.execute(
+                "DELETE FROM snapshots WHERE finished_at IS NOT NULL AND snapshot_id NOT IN"
+                " (SELECT snapshot_id FROM snapshots WHERE finished_at IS NOT NULL"
+                "  ORDER BY snapshot_id DESC LIMIT %s)",
+                (max(1, keep),),
+            )
+    except psycopg.Error as exc:
+        raise PostgresUnavailable(f"snapshot failed: {exc}") from exc
+    log.info("snapshot_taken", snapshot_id=snapshot_id, tasks=tasks, schedules=schedules)
+    return SnapshotResult(snapshot_id, tasks, schedules)
+
+
+async def _copy_tasks(
+    engine: Engine, cur: psycopg.AsyncCursor[tuple[object, ...]], snapshot_id: int, shard: int
+) -> int:
+    count = 0
+    tag = engine.keys.tag(shard)
+    async with cur.copy(f"COPY snapshot_tasks ({', '.join(TASK_COLUMNS)}) FROM STDIN") as copy:
+        for i in range(0, len(BODY_SUFFIXES), KEYS_PER_ROUND_TRIP):
+            keys = [f"{tag}t:{xy}" for xy in BODY_SUFFIXES[i : i + KEYS_PER_ROUND_TRIP]]
+            found = await _scan_bodies(engine, shard, keys)
+            waiting = [
+                record.decode(run_id.decode(), raw)
+                for run_id, raw in found
+                if raw[:1] == bytes([TaskState.SCHEDULED])
+            ]
+            sent = await engine.sent_runs(shard, waiting)
+            for run_id, raw in found:
+                row = task_row(snapshot_id, shard, run_id, raw, sent=run_id.decode() in sent)
+                if row is not None:
+                    await copy.write_row(row)
+                    count += 1
+    return count
+
+
+async def _copy_schedules(
+    engine: Engine, cur: psycopg.AsyncCursor[tuple[object, ...]], snapshot_id: int, shard: int
+) -> int:
+    found = await read_schedule_hashes(engine, shard)
+    for sched in found:
+        definition = json.dumps(sched.definition)
+        await cur.execute(
+            "INSERT INTO snapshot_schedules (snapshot_id, shard, schedule_id, tenant, definition)"
+            " VALUES (%s, %s, %s, %s, %s)",
+            (snapshot_id, shard, sched.schedule_id, sched.tenant, definition),
+        )
+        await cur.execute(
+            "INSERT INTO schedules (schedule_id, shard, tenant, definition, snapshot_id)"
+            " VALUES (%s, %s, %s, %s, %s) ON CONFLICT (schedule_id) DO UPDATE SET"
+            " definition = EXCLUDED.definition, snapshot_id = EXCLUDED.snapshot_id",
+            (sched.schedule_id, shard, sched.tenant, definition, snapshot_id),
+        )
+    return len(found)
+
+
+async def write_schedule_hashes(
+    engine: Engine, conn: psycopg.AsyncConnection[tuple[object, ...]], snapshot_id: int
+) -> int:
+    """Write the archive's schedules back into Redis (restore); returns how many.
+
+    The `schedules` table holds each schedule as the archiver last read it (on any
+    schedule event), or as the newest snapshot copied it: so a schedule created after the
+    snapshot comes back too, and a deleted one does not. Each goes through
+    lua/restore_schedule.lua, which plans it again from its last fire time sent.
+    """
+    del snapshot_id  # the table is newer than any snapshot
+    try:
+        cur = await conn.execute("SELECT schedule_id, shard, definition FROM schedules")
+        rows = await cur.fetchall()
+    except psycopg.Error as exc:
+        raise PostgresUnavailable(f"cannot read archived schedules: {exc}") from exc
+    written = 0
+    for sid, shard, definition in rows:
+        fields = definition if isinstance(definition, dict) else json.loads(str(definition))
+        flat = [str(x) for kv in fields.items() for x in kv]
+        try:
+            reply: Any = await engine.scripts.restore_schedule(
+                engine.client,
+                [engine.keys.schedule(int(str(shard)), str(sid))],
+                [str(sid), json.dumps(flat)],
+            )
+        except (RedisError, OSError) as exc:
+            raise RedisUnavailable(f"cannot restore schedule {sid}: {exc}") from exc
+        written += int(reply[0])
+    log.info("schedules_restored", schedules=written)
+    return written

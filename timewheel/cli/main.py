@@ -1,0 +1,436 @@
+"""The `timewheel` command: dev, api, scheduler, worker, webhook, archiver, snapshot, restore,
+scripts check; and the API client commands task, dlq, tenant, schedule
+(timewheel/cli_client.py)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import importlib
+import os
+import signal
+import sys
+from collections.abc import Coroutine, Sequence
+from pathlib import Path
+from typing import Any
+
+import structlog
+from redis.exceptions import RedisError
+
+from timewheel import __version__
+from timewheel.cli.client import CLIENT_COMMANDS, add_client_commands, run_client_command
+from timewheel.cli.serve import serve
+from timewheel.config import Settings
+from timewheel.engine import Engine
+from timewheel.errors import ConfigError, Conflict, TimewheelError, ValidationError
+from timewheel.logs import configure
+from timewheel.runs.webhook import WebhookExecutor
+from timewheel.runs.worker import Handler, Worker
+from timewheel.store.library import OPERATIONS, Library, ScriptCode, function_name, header_codes
+from timewheel.tenants import Limits, TenantStore, new_key
+
+DEV_REDIS_PORT = 6399
+log = structlog.get_logger("timewheel")
+
+
+def _add_common(p: argparse.ArgumentParser, *, redis_url: bool = True) -> None:
+    if redis_url:
+        p.add_argument(
+            "--redis-url",
+            help="Redis URL, standalone or any Cluster node "
+            "(env TIMEWHEEL_REDIS_URL; default redis://127.0.0.1:6379)",
+        )
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--log-json", action="store_true", help="JSON log lines")
+
+
+def _add_unsafe(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--unsafe-durability",
+        action="store_true",
+        default=os.environ.get("TIMEWHEEL_UNSAFE_DURABILITY") == "1",
+        help="start even if Redis has AOF off or may evict keys (acknowledged tasks can be "
+        "lost); env TIMEWHEEL_UNSAFE_DURABILITY=1",
+    )
+
+
+def _add_executor_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tenant", required=True)
+    p.add_argument("--queue", default="default")
+    p.add_argument("--group", default="timewheel", help="consumer group (default timewheel)")
+    p.add_argument("--concurrency", type=int, default=10)
+    _add_common(p)
+
+
+def _add_postgres(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--postgres-dsn",
+        help="PostgreSQL DSN, e.g. postgresql://user@host:5432/timewheel "
+        "(env TIMEWHEEL_POSTGRES_DSN)",
+    )
+    _add_common(p)
+
+
+def load_handler(spec: str) -> Handler:
+    """The function named by 'package.module:function'."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ConfigError(f"--app {spec!r} must look like package.module:function")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"--app {spec!r}: cannot import {module_name!r}: {exc}") from exc
+    handler = getattr(module, attr, None)
+    if not callable(handler):
+        raise ConfigError(f"--app {spec!r}: {attr!r} is not a function of {module_name}")
+    return handler  # type: ignore[no-any-return]
+
+
+async def _run_executor(args: argparse.Namespace) -> None:
+    engine = await Engine.connect(_settings(args))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        if args.command == "worker":
+            worker = Worker(
+                engine, args.tenant, args.queue, group=args.group, concurrency=args.concurrency
+            )
+            await worker.run(load_handler(args.app), stop)
+        else:
+            hook = WebhookExecutor(
+                engine,
+                args.tenant,
+                args.queue,
+                url=args.url,
+                allow_hosts=args.allow_host,
+                timeout_s=args.timeout_s,
+                concurrency=args.concurrency,
+                group=args.group,
+            )
+            try:
+                await hook.worker.run(hook.deliver, stop)
+            finally:
+                await hook.aclose()
+    finally:
+        await engine.close()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="timewheel", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"timewheel {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    dev = sub.add_parser("dev", help="local redis-server (AOF) + API + scheduler in one process")
+    dev.add_argument(
+        "--data-dir",
+        default=".timewheel",
+        type=Path,
+        help="where redis-server keeps its AOF (default ./.timewheel)",
+    )
+    dev.add_argument("--host", default="127.0.0.1")
+    dev.add_argument("--port", default=8080, type=int, help="API port (default 8080)")
+    dev.add_argument(
+        "--redis-port",
+        default=DEV_REDIS_PORT,
+        type=int,
+        help=f"port of the local redis-server (default {DEV_REDIS_PORT}; 0 = any free)",
+    )
+    _add_common(dev, redis_url=False)
+
+    api = sub.add_parser("api", help="run the HTTP API")
+    api.add_argument("--host", default="127.0.0.1")
+    api.add_argument("--port", default=8080, type=int)
+    _add_unsafe(api)
+    _add_common(api)
+
+    sched = sub.add_parser("scheduler", help="run a scheduler node (any number of them)")
+    sched.add_argument("--node-id", help="this node's id (default: host-pid-random)")
+    sched.add_argument(
+        "--lease-ttl-ms",
+        type=int,
+        default=2000,
+        help="shard lease TTL; renewed every ttl/4 (default 2000)",
+    )
+    sched.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+    _add_unsafe(sched)
+    sched.add_argument("--host", default="127.0.0.1", help="address of the metrics server")
+    _add_common(sched)
+
+    worker = sub.add_parser("worker", help="run an executor: a handler function per run")
+    worker.add_argument("--app", required=True, help="module:function, the handler")
+    _add_executor_args(worker)
+
+    hook = sub.add_parser("webhook", help="POST each run's payload to a URL")
+    hook.add_argument("--url", help="the URL to POST to")
+    hook.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        help="take the URL from the payload's 'url' if its host is listed",
+    )
+    hook.add_argument("--timeout-s", type=float, default=10.0)
+    _add_executor_args(hook)
+
+    archiver = sub.add_parser(
+        "archiver", help="tail every shard's event log into PostgreSQL (and take snapshots)"
+    )
+    archiver.add_argument(
+        "--snapshot-every",
+        type=float,
+        metavar="MINUTES",
+        help="also take a snapshot every MINUTES minutes, the first at start if the newest "
+        "is older than that (default: never)",
+    )
+    archiver.add_argument(
+        "--poll-ms", type=int, default=100, help="sleep of an idle round (default 100)"
+    )
+    _add_postgres(archiver)
+
+    snapshot = sub.add_parser(
+        "snapshot", help="copy every pending task and schedule into PostgreSQL, once"
+    )
+    _add_postgres(snapshot)
+
+    restore = sub.add_parser(
+        "restore", help="rebuild an empty Redis from the newest snapshot and the events after it"
+    )
+    restore.add_argument(
+        "--force", action="store_true", help="restore into a Redis that already holds keys"
+    )
+    _add_postgres(restore)
+
+    scripts = sub.add_parser("scripts", help="Lua script tools")
+    scripts_sub = scripts.add_subparsers(dest="scripts_command", required=True)
+    check = scripts_sub.add_parser(
+        "check", help="check headers, and load every script if a Redis URL is given"
+    )
+    check.add_argument("--redis-url")
+    add_client_commands(sub)
+    return parser
+
+
+def _settings(args: argparse.Namespace, redis_url: str | None = None) -> Settings:
+    return Settings.from_env(redis_url=redis_url or getattr(args, "redis_url", None))
+
+
+async def _run_dev(args: argparse.Namespace) -> None:
+    from timewheel.store.server import RedisServer
+
+    data_dir: Path = args.data_dir.resolve()
+    (data_dir / "redis").mkdir(parents=True, exist_ok=True)
+    server = RedisServer(data_dir / "redis", port=args.redis_port)
+    server.start()
+    try:
+        settings = _settings(args, redis_url=server.url)
+        generated = not settings.admin_key
+        if generated:
+            settings = dataclasses.replace(settings, admin_key=new_key())
+        engine = await Engine.connect(settings)
+        print(
+            f"timewheel dev: API http://{args.host}:{args.port}  redis {server.url} "
+            f"(AOF, appendfsync always, in {data_dir / 'redis'})  Ctrl-C stops all",
+            file=sys.stderr,
+            flush=True,
+        )
+        try:
+            tenant_key = await _dev_tenant_key(engine)
+            if generated:
+                print(f"export TIMEWHEEL_ADMIN_KEY={settings.admin_key}", flush=True)
+            print(f"export TIMEWHEEL_KEY={tenant_key}   # tenant 'default'", flush=True)
+            print(f"export TIMEWHEEL_URL=http://{args.host}:{args.port}", flush=True)
+            await serve(engine, api=True, scheduler=True, host=args.host, port=args.port)
+        finally:
+            await engine.close()
+    finally:
+        server.stop()
+
+
+async def _dev_tenant_key(engine: Engine) -> str:
+    """Register tenant `default` if it is not, and issue a key for it."""
+    store = TenantStore(engine.client, engine.keys, bucket_ms=engine.settings.bucket_ms)
+    with contextlib.suppress(Conflict):
+        await store.create_tenant("default", Limits())
+    _, key = await store.issue_key("default")
+    return key
+
+
+async def _run(args: argparse.Namespace, *, api: bool, scheduler: bool) -> None:
+    if getattr(args, "lease_ttl_ms", 2000) < 100:
+        raise ConfigError("--lease-ttl-ms must be at least 100")
+    engine = await Engine.connect(_settings(args))
+    if api and not engine.settings.admin_key:
+        log.warning(
+            "no_admin_key",
+            detail="TIMEWHEEL_ADMIN_KEY is unset: tenants and keys cannot be managed over HTTP",
+        )
+    try:
+        if not args.unsafe_durability:
+            await engine.check_durability()
+        await serve(
+            engine,
+            api=api,
+            scheduler=scheduler,
+            host=getattr(args, "host", "127.0.0.1"),
+            port=getattr(args, "port", 8080),
+            node=getattr(args, "node_id", None),
+            lease_ttl_ms=getattr(args, "lease_ttl_ms", 2000),
+            metrics_port=getattr(args, "metrics_port", None),
+        )
+    finally:
+        await engine.close()
+
+
+def _archive_settings(args: argparse.Namespace) -> Settings:
+    settings = Settings.from_env(
+        redis_url=getattr(args, "redis_url", None), postgres_dsn=args.postgres_dsn
+    )
+    if not settings.postgres_dsn:
+        raise ConfigError("no PostgreSQL DSN: pass --postgres-dsn or set TIMEWHEEL_POSTGRES_DSN")
+    return settings
+
+
+async def _run_archiver(args: argparse.Namespace) -> None:
+    from timewheel.archive import pg
+    from timewheel.archive.archiver import Archiver
+
+    if args.snapshot_every is not None and args.snapshot_every <= 0:
+        raise ConfigError("--snapshot-every must be a positive number of minutes")
+    if args.poll_ms < 1:
+        raise ConfigError("--poll-ms must be at least 1")
+    settings = _archive_settings(args)
+    conn = await pg.connect(settings.postgres_dsn)
+    archiver: Archiver | None = None
+    try:
+        engine = await Engine.connect(settings)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            archiver = Archiver(engine, conn)
+            await archiver.start()
+            every = None if args.snapshot_every is None else args.snapshot_every * 60
+            await archiver.run(
+                stop,
+                poll_interval_s=args.poll_ms / 1000,
+                snapshot_every_s=every,
+                dsn=settings.postgres_dsn,
+            )
+        finally:
+            await engine.close()
+    finally:
+        # The archiver replaces a connection that broke; close whichever it holds.
+        await (archiver.conn if archiver is not None else conn).close()
+
+
+async def _run_snapshot(args: argparse.Namespace) -> None:
+    from timewheel.archive import pg
+    from timewheel.archive.snapshot import take_snapshot
+
+    settings = _archive_settings(args)
+    async with pg.connection(settings.postgres_dsn) as conn:
+        await pg.migrate(conn)
+        engine = await Engine.connect(settings)
+        try:
+            result = await take_snapshot(engine, conn)
+        finally:
+            await engine.close()
+    print(
+        f"snapshot {result.snapshot_id}: {result.tasks} tasks, {result.schedules} schedules",
+        flush=True,
+    )
+
+
+async def _run_restore(args: argparse.Namespace) -> None:
+    from timewheel.archive.restore import restore
+
+    result = await restore(_archive_settings(args), force=args.force)
+    print(
+        f"restored {result.restored} runs from snapshot {result.snapshot_id} "
+        f"({result.events_replayed} events replayed, {result.existing} already present, "
+        f"{result.skipped_no_payload} skipped for lack of a payload)",
+        flush=True,
+    )
+
+
+_ARCHIVE_COMMANDS = {
+    "archiver": _run_archiver,
+    "snapshot": _run_snapshot,
+    "restore": _run_restore,
+}
+
+
+async def _scripts_check(args: argparse.Namespace) -> None:
+    expected = {code.value: code.name for code in ScriptCode}
+    library = Library.build()
+    for name in OPERATIONS:
+        for code, label in header_codes(name).items():
+            if expected.get(code) != label:
+                raise ConfigError(f"lua/{name}.lua documents {code} {label}, unknown to ScriptCode")
+        print(f"{name:18} {function_name(library.version, name)}")
+    if args.redis_url:
+        from timewheel.store.connection import connect
+
+        client = await connect(args.redis_url)
+        try:
+            await library.load(client)
+        except RedisError as exc:
+            raise ConfigError(f"library {library.name} failed to load: {exc}") from exc
+        finally:
+            await client.aclose()
+        print(f"library {library.name} ({len(OPERATIONS)} functions) loads on {args.redis_url}")
+
+
+def _run_fast(main: Coroutine[Any, Any, None]) -> None:
+    """Run on uvloop when it is installed (uvicorn[standard] brings it): the API serves
+    about twice the requests per core. uvicorn runs inside our loop, so its own `loop`
+    setting would not apply."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvicorn[standard] installs it
+        asyncio.run(main)
+        return
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(main)
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    """Run the command `args` names; its exit status."""
+    if args.command == "dev":
+        _run_fast(_run_dev(args))
+    elif args.command == "api":
+        _run_fast(_run(args, api=True, scheduler=False))
+    elif args.command == "scheduler":
+        asyncio.run(_run(args, api=False, scheduler=True))
+    elif args.command in ("worker", "webhook"):
+        if args.command == "worker":
+            sys.path.insert(0, os.getcwd())  # --app modules are found from where you are
+        asyncio.run(_run_executor(args))
+    elif args.command in _ARCHIVE_COMMANDS:
+        asyncio.run(_ARCHIVE_COMMANDS[args.command](args))
+    elif args.command == "scripts":
+        asyncio.run(_scripts_check(args))
+    elif args.command in CLIENT_COMMANDS:
+        return run_client_command(args)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command not in CLIENT_COMMANDS:  # client commands print results, not logs
+        configure(getattr(args, "log_level", "info"), json=getattr(args, "log_json", False))
+    try:
+        return _dispatch(args)
+    except (ConfigError, ValidationError) as exc:
+        print(f"timewheel: {exc}", file=sys.stderr)
+        return 2
+    except TimewheelError as exc:
+        print(f"timewheel: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+

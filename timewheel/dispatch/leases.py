@@ -1,0 +1,83 @@
+"""Shard ownership between scheduler nodes: membership, rendezvous shares, fenced leases.
+
+Why leases although `tick` is atomic: the tick script already makes a double dispatch
+impossible even if two nodes tick one shard at once. Leases split the polling work
+(each shard is polled every few ms by one node, not by all; Sidekiq's leaderless random
+poll is the alternative we rejected for latency) and the fencing epoch keeps ownership
+exact for the scripts that need one owner (planner, reaper): every scheduler script
+takes (node, epoch) and answers LEASE_LOST once they no longer hold.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Sequence
+
+from timewheel.engine import Engine
+from timewheel.store.library import check
+
+
+def rendezvous_owner(shard: int, nodes: Iterable[str]) -> str | None:
+    """The node that should own `shard`: highest hash of (node, shard) wins.
+
+    When a node joins or leaves, only the shards it wins or held move.
+    """
+    best, best_score = None, -1
+    for node in nodes:
+        score = int.from_bytes(
+            hashlib.blake2b(f"{node}\0{shard}".encode(), digest_size=8).digest(), "big"
+        )
+        if score > best_score:
+            best, best_score = node, score
+    return best
+
+
+def share_of(node: str, nodes: Sequence[str], shards: int) -> set[int]:
+    """The shards `node` should own among the live `nodes`."""
+    return {s for s in range(shards) if rendezvous_owner(s, nodes) == node}
+
+
+class Leases:
+    """One node's view of membership and its shard leases (lua/lease_*.lua, lease_members.lua)."""
+
+    def __init__(self, engine: Engine, node: str, ttl_ms: int):
+        self.engine = engine
+        self.node = node
+        self.ttl_ms = ttl_ms
+
+    async def heartbeat(self, *, leaving: bool = False) -> list[str]:
+        """Mark this node alive (or gone) and return the live nodes."""
+        reply = await self.engine.call(
+            self.engine.scripts.lease_members,
+            [self.engine.keys.nodes()],
+            [self.node, self.ttl_ms, "1" if leaving else "0"],
+        )
+        return sorted(n.decode() for n in reply[1:])
+
+    async def acquire(self, shard: int) -> int | None:
+        """The fencing epoch if this node now holds `shard`; None if another node does."""
+        k = self.engine.keys
+        reply = await self.engine.call(
+            self.engine.scripts.lease_acquire,
+            [k.lease(shard), k.meta(shard)],
+            [self.node, self.ttl_ms],
+        )
+        if int(reply[0]) < 0:
+            return None
+        return int(reply[0])
+
+    async def renew(self, shard: int, epoch: int) -> bool:
+        """True if still held (and extended by ttl); False means the shard is lost."""
+        reply = await self.engine.call(
+            self.engine.scripts.lease_renew,
+            [self.engine.keys.lease(shard)],
+            [self.node, epoch, self.ttl_ms],
+        )
+        return int(reply[0]) == 1
+
+    async def release(self, shard: int, epoch: int) -> bool:
+        """Give the shard up at once; False if it was not ours any more."""
+        reply = await self.engine.call(
+            self.engine.scripts.lease_release, [self.engine.keys.lease(shard)], [self.node, epoch]
+        )
+        return int(check(reply, action="release", shard=shard)[0]) == 1

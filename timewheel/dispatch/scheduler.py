@@ -1,0 +1,473 @@
+"""The scheduler loop: tick its shards when they have due runs, promote ahead of time, sleep.
+
+A node with a `node` id claims shards by lease (timewheel/leases.py): a heartbeat and
+lease round every ttl/4 runs beside the tick loop; every script call carries (node,
+epoch), and LEASE_LOST drops the shard at once. Without a node id the loop ticks every
+shard unfenced (single process, tests, benchmarks).
+
+Sleep: until the earliest next due time of its shards (in the shards' own clock, read
+from each tick's reply), capped at `poll_cap_ms`, or until a create publishes on the
+wake channel that a shard's next due time moved earlier.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from dataclasses import dataclass
+
+import redis.asyncio as aioredis
+import structlog
+from redis.exceptions import RedisError
+
+from timewheel.dispatch.leases import Leases, share_of
+from timewheel.dispatch.metrics import SchedulerMetrics
+from timewheel.dispatch.rates import SYNC_EVERY_S
+from timewheel.engine import Engine
+from timewheel.errors import LeaseLost, TimewheelError
+from timewheel.models import PromoteResult, TickResult
+
+log = structlog.get_logger("timewheel.scheduler")
+
+EXPIRE_EVERY_MS = 10_000
+PLAN_CATCH_UP_S = 0.1
+"""How long a pass that finds the planner behind may keep planning, a batch at a time."""
+CLOCK_JUMP_LOG_MS = 1_000
+
+
+def _local_ms() -> float:
+    return time.time() * 1000.0
+
+
+@dataclass(slots=True)
+class ShardState:
+    """What the loop knows of one owned shard, in that shard's clock (Redis TIME, ms)."""
+
+    epoch: str = ""
+    next_tick_ms: float = 0.0
+    next_promote_ms: float = 0.0
+    next_expire_ms: float = 0.0
+    next_reap_ms: float = 0.0
+    next_plan_ms: float = 0.0
+    last_consumed: int = 0
+    """Near entries the shard's last tick took: what its next tick is expected to take."""
+
+
+@dataclass(slots=True)
+class Counters:
+    ticks: int = 0
+    dispatched: int = 0
+    promoted: int = 0
+    expired: int = 0
+    reaped: int = 0
+    planned: int = 0
+    errors: int = 0
+
+
+class Scheduler:
+    """Ticks, promotes and expires the shards this node holds."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        node: str | None = None,
+        lease_ttl_ms: int = 2000,
+        metrics: SchedulerMetrics | None = None,
+    ) -> None:
+        self.engine = engine
+        self.node = node or ""
+        self.leases = Leases(engine, node, lease_ttl_ms) if node else None
+        self.metrics = metrics or SchedulerMetrics()
+        self.counters = Counters()
+        self.state: dict[int, ShardState] = (
+            {} if self.leases else {s: ShardState() for s in range(engine.settings.shards)}
+        )
+        self.offset_ms = 0.0  # shard clock minus local clock, learned from tick replies
+        self.woken = asyncio.Event()
+        self._busy: set[int] = set()
+        self._plan_next = 0  # the shard the next planning pass starts at
+
+    # -- one pass ---------------------------------------------------------------------
+
+    def _shard_now(self) -> float:
+        return _local_ms() + self.offset_ms
+
+    async def run_once(self) -> int:
+        """Promote, tick and expire every owned shard that is due now; returns runs dispatched."""
+        now = self._shard_now()
+        owned = list(self.state.items())
+        promote = [s for s, st in owned if st.next_promote_ms <= now]
+        tick = [s for s, st in owned if st.next_tick_ms <= now]
+        expire = [s for s, st in owned if st.next_expire_ms <= now]
+        reap = [s for s, st in owned if st.next_reap_ms <= now]
+        plan = [s for s, st in owned if st.next_plan_ms <= now]
+        self._busy.update(promote, tick, expire, reap, plan)
+        try:
+            if plan:
+                await self._plan_some(plan, now)
+            if promote:
+                for res in await asyncio.gather(*(self._promote(s) for s in promote)):
+                    if isinstance(res, PromoteResult):
+                        self._after_promote(res)
+            dispatched = 0
+            if tick:
+                for ticked in await self._tick_all(tick):
+                    dispatched += ticked.dispatched
+                    self._after_tick(ticked)
+            if expire:
+                await asyncio.gather(*(self._expire(s, now) for s in expire))
+            if reap:
+                await asyncio.gather(*(self._reap(s, now) for s in reap))
+        finally:
+            self._busy.clear()
+        return dispatched
+
+    async def _tick_all(self, shards: list[int]) -> list[TickResult]:
+        """Tick the shards in as few pipelines as `tick_pipeline_runs` allows, one after
+        another: one round trip while little is due, bounded ones through a backlog."""
+        out: list[TickResult] = []
+        for group in self._tick_groups(shards):
+            out.extend(await self._tick_pipeline(group))
+        return out
+
+    def _tick_groups(self, shards: list[int]) -> list[list[int]]:
+        """Split shards into pipelines by the runs each is expected to dispatch (what its
+        last tick took): each pipeline expects at most tick_pipeline_runs, or holds one shard."""
+        budget = self.engine.settings.tick_pipeline_runs
+        groups: list[list[int]] = []
+        expected = 0
+        for shard in shards:
+            st = self.state.get(shard)
+            if st is None:
+                continue
+            if not groups or expected + st.last_consumed > budget:
+                groups.append([])
+                expected = 0
+            groups[-1].append(shard)
+            expected += st.last_consumed
+        return groups
+
+    async def _tick_pipeline(self, shards: list[int]) -> list[TickResult]:
+        """Tick the shards in one pipeline: one round trip, whatever their number."""
+        wanted = [(s, self.state[s].epoch) for s in shards if s in self.state]
+        sent = _local_ms()
+        try:
+            replies = await self.engine.tick_many(wanted, node=self.node)
+        except TimewheelError as exc:
+            for shard, _ in wanted:
+                self._failed("tick", shard, exc)
+            return []
+        received = _local_ms()
+        elapsed_s = (received - sent) / 1000.0
+        out = []
+        for (shard, _), res in zip(wanted, replies, strict=True):
+            if isinstance(res, LeaseLost):
+                self._failed("tick", shard, res)
+                continue
+            out.append(res)
+            self.counters.ticks += 1
+            self.counters.dispatched += res.dispatched
+            self.metrics.observe_tick(res, elapsed_s / len(wanted))
+            if res.clock_back_ms >= CLOCK_JUMP_LOG_MS:
+                log.warning("clock_behind_high_water_mark", shard=shard, back_ms=res.clock_back_ms)
+        if out:
+            # The replies' now_ms were read between send and receive: take the midpoint
+            # (the pipeline's shards share one clock on standalone; close enough on Cluster).
+            self.offset_ms = out[-1].now_ms - (sent + received) / 2
+        return out
+
+    def _after_tick(self, res: TickResult) -> None:
+        st = self.state.get(res.shard)
+        if st is None:
+            return
+        st.last_consumed = res.consumed
+        if res.consumed >= self.engine.settings.tick_batch:
+            st.next_tick_ms = 0.0  # a backlog is due now: come straight back
+        else:
+            sweep = float(res.now_ms + self.engine.settings.sweep_ms)
+            due = float(res.next_due_ms) if res.next_due_ms is not None else sweep
+            st.next_tick_ms = min(due, sweep)
+        self._plan_promote(st, res.promoted_until_ms, res.next_bucket_ms)
+
+    def _plan_promote(self, st: ShardState, promoted_until: int, next_bucket: int | None) -> None:
+        horizon = self.engine.settings.horizon_ms
+        # Promote again once the horizon reaches promoted_until, or a bucket comes within
+        # it (a bucket can appear before promoted_until only if promotion fell behind).
+        when = promoted_until - horizon
+        if next_bucket is not None:
+            when = min(when, next_bucket - horizon)
+        st.next_promote_ms = float(when)
+
+    async def _promote(self, shard: int) -> PromoteResult | None:
+        st = self.state.get(shard)
+        if st is None:
+            return None
+        try:
+            res = await self.engine.promote(shard, node=self.node, epoch=st.epoch)
+        except TimewheelError as exc:
+            self._failed("promote", shard, exc)
+            return None
+        self.counters.promoted += res.moved
+        return res
+
+    def _after_promote(self, res: PromoteResult) -> None:
+        st = self.state.get(res.shard)
+        if st is None:
+            return
+        if res.more:
+            st.next_promote_ms = 0.0
+        else:
+            self._plan_promote(st, res.promoted_until_ms, res.next_bucket_ms)
+        if res.moved:
+            st.next_tick_ms = 0.0  # promoted runs may be due already (after downtime)
+
+    async def _expire(self, shard: int, now: float) -> None:
+        st = self.state.get(shard)
+        if st is None:
+            return
+        st.next_expire_ms = now + EXPIRE_EVERY_MS
+        try:
+            deleted, more = await self.engine.expire_finished(shard)
+        except TimewheelError as exc:
+            self._failed("expire", shard, exc)
+            return
+        self.counters.expired += deleted
+        if more:
+            st.next_expire_ms = 0.0
+
+    async def _reap(self, shard: int, now: float) -> None:
+        st = self.state.get(shard)
+        if st is None:
+            return
+        st.next_reap_ms = now + self.engine.settings.reap_interval_ms
+        try:
+            retried, buried = await self.engine.reap(shard, node=self.node, epoch=st.epoch)
+        except TimewheelError as exc:
+            self._failed("reap", shard, exc)
+            return
+        if retried or buried:
+            self.counters.reaped += retried + buried
+            log.info("leases_expired", shard=shard, retried=retried, dead=buried)
+            st.next_tick_ms = 0.0  # a retry may be due at once
+
+    async def _plan_some(self, shards: list[int], now: float) -> None:
+        """Extend schedules of `shards`, plan_batch at a time, before this pass's tick
+        (runs a catch-up materializes may be due at once). One batch per pass while the
+        planner keeps up; once it is behind, batch after batch for up to
+        PLAN_CATCH_UP_S. Shards not reached go first next pass: planning never holds
+        Redis for long, and no shard waits behind the others."""
+        settings = self.engine.settings
+        budget = settings.plan_batch
+        behind = False
+        deadline = time.monotonic() + PLAN_CATCH_UP_S
+        # Start where the last pass stopped: a fixed order would plan the first shards
+        # every pass and starve the last ones whenever planning is behind.
+        start = next((i for i, s in enumerate(shards) if s >= self._plan_next), 0)
+        for shard in shards[start:] + shards[:start]:
+            st = self.state.get(shard)
+            if st is None:
+                continue
+            if budget <= 0:
+                if not behind or time.monotonic() >= deadline:
+                    self._plan_next = shard
+                    break
+                budget = settings.plan_batch
+            # +-25 % jitter: shards started together drift apart and plan at different times.
+            st.next_plan_ms = now + settings.plan_interval_ms * random.uniform(0.75, 1.25)
+            try:
+                res = await self.engine.plan(
+                    shard, node=self.node, epoch=st.epoch, clock_ms=now, limit=budget
+                )
+            except TimewheelError as exc:
+                self._failed("plan", shard, exc)
+                continue
+            budget -= res.schedules
+            # A schedule read with under half a horizon of runs left waited a quarter
+            # horizon past its planning point: passes come too rarely for one batch each
+            # (a slow or busy host). Then a longer burst beats skipping fire times later.
+            if res.earliest_next_ms is not None:
+                behind = behind or res.earliest_next_ms < now + settings.plan_horizon_ms // 2
+            self.counters.planned += res.added
+            if res.more:
+                st.next_plan_ms = 0.0
+            if res.added or res.skipped:
+                st.next_tick_ms = 0.0
+
+    def _failed(self, op: str, shard: int, exc: TimewheelError) -> None:
+        if isinstance(exc, LeaseLost):
+            self._drop(shard, "lease_lost", op=op)
+            return
+        self.counters.errors += 1
+        log.warning("scheduler_call_failed", op=op, shard=shard, error=str(exc))
+        st = self.state.get(shard)
+        if st is None:
+            return
+        retry_at = self._shard_now() + 200
+        if op == "tick":
+            st.next_tick_ms = retry_at
+        elif op == "promote":
+            st.next_promote_ms = retry_at
+
+    # -- leases -----------------------------------------------------------------------
+
+    def _drop(self, shard: int, reason: str, **fields: object) -> None:
+        st = self.state.pop(shard, None)
+        if st is None:
+            return
+        self.metrics.lease_lost.labels(reason).inc()
+        self.metrics.owned.set(len(self.state))
+        log.info(
+            "lease_dropped", shard=shard, epoch=st.epoch, reason=reason, node=self.node, **fields
+        )
+
+    async def lease_round(self) -> None:
+        """Heartbeat, then give up, renew and take leases to match this node's share."""
+        assert self.leases is not None
+        live = await self.leases.heartbeat()
+        wanted = share_of(self.node, live, self.engine.settings.shards)
+        owned = dict(self.state)
+        renewals = [(s, st) for s, st in owned.items() if s in wanted]
+        results = await asyncio.gather(*(self.leases.renew(s, int(st.epoch)) for s, st in renewals))
+        for (shard, _), held in zip(renewals, results, strict=True):
+            if not held:
+                self._drop(shard, "lease_lost", op="renew")
+        for shard in [s for s in owned if s not in wanted]:
+            await self._release(shard, "rebalance")
+        missing = sorted(wanted - set(self.state))
+        epochs = await asyncio.gather(*(self.leases.acquire(s) for s in missing))
+        for shard, epoch in zip(missing, epochs, strict=True):
+            if epoch is None:
+                continue  # its previous owner still holds it; it expires or is released
+            self.state[shard] = ShardState(epoch=str(epoch))
+            self.metrics.lease_acquired.inc()
+            log.info("lease_acquired", shard=shard, epoch=epoch, node=self.node)
+        self.metrics.owned.set(len(self.state))
+        if missing:
+            self.woken.set()
+
+    async def _release(self, shard: int, reason: str) -> None:
+        assert self.leases is not None
+        st = self.state.get(shard)
+        if st is None:
+            return
+        self._drop(shard, reason)
+        while shard in self._busy:  # let the call in flight on this shard finish
+            await asyncio.sleep(0.001)
+        with contextlib.suppress(TimewheelError):
+            await self.leases.release(shard, int(st.epoch))
+
+    async def _lease_loop(self, stop: asyncio.Event) -> None:
+        assert self.leases is not None
+        interval_s = self.leases.ttl_ms / 4000.0  # renew at ttl/4
+        while not stop.is_set():
+            try:
+                await self.lease_round()
+            except TimewheelError as exc:
+                # Renewals failing for a whole ttl make every script refuse: no harm done.
+                log.warning("lease_round_failed", error=str(exc), node=self.node)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=interval_s)
+
+    async def _rates_loop(self, stop: asyncio.Event) -> None:
+        """Reconcile the shards' copies of tenants' dispatch rates (timewheel/rates.py)."""
+        rates = self.engine.dispatch_rates()
+        while not stop.is_set():
+            try:
+                changed = await rates.sync()
+                if changed:
+                    log.info("dispatch_rates_synced", changed=changed, node=self.node or None)
+            except TimewheelError as exc:
+                log.warning("dispatch_rates_sync_failed", error=str(exc), node=self.node)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=SYNC_EVERY_S)
+
+    async def _leave(self) -> None:
+        assert self.leases is not None
+        for shard in list(self.state):
+            await self._release(shard, "shutdown")
+        with contextlib.suppress(TimewheelError):
+            await self.leases.heartbeat(leaving=True)
+
+    # -- the loop ---------------------------------------------------------------------
+
+    def _sleep_s(self) -> float:
+        earliest = min(
+            (
+                min(
+                    st.next_tick_ms,
+                    st.next_promote_ms,
+                    st.next_expire_ms,
+                    st.next_reap_ms,
+                    st.next_plan_ms,
+                )
+                for st in self.state.values()
+            ),
+            default=float("inf"),
+        )
+        wait_ms = min(earliest - self._shard_now(), float(self.engine.settings.poll_cap_ms))
+        return max(wait_ms, 0.0) / 1000.0
+
+    def wake(self, shard: int) -> None:
+        """Tick `shard` at once, if this node holds it (called for wake-up messages)."""
+        st = self.state.get(shard)
+        if st is not None:
+            st.next_tick_ms = 0.0
+            st.next_promote_ms = min(st.next_promote_ms, self._shard_now())
+            self.woken.set()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Run until `stop` is set; the pass in progress finishes, then leases are released."""
+        helpers = [
+            asyncio.create_task(self._listen_for_wakeups(stop)),
+            asyncio.create_task(self._rates_loop(stop)),
+        ]
+        if self.leases is not None:
+            await self.lease_round()
+            helpers.append(asyncio.create_task(self._lease_loop(stop)))
+        log.info("scheduler_started", node=self.node or None, shards=len(self.state))
+        try:
+            while not stop.is_set():
+                await self.run_once()
+                delay = self._sleep_s()
+                if delay <= 0:
+                    await asyncio.sleep(0)
+                    continue
+                self.woken.clear()
+                sleeper = asyncio.create_task(self.woken.wait())
+                stopper = asyncio.create_task(stop.wait())
+                await asyncio.wait({sleeper, stopper}, timeout=delay, return_when="FIRST_COMPLETED")
+                sleeper.cancel()
+                stopper.cancel()
+        finally:
+            for helper in helpers:
+                helper.cancel()
+            for helper in helpers:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await helper
+            if self.leases is not None:
+                await self._leave()
+            log.info(
+                "scheduler_stopped", node=self.node or None, dispatched=self.counters.dispatched
+            )
+
+    async def _listen_for_wakeups(self, stop: asyncio.Event) -> None:
+        # A plain connection to the URL's node: PUBLISH reaches every node of a Cluster.
+        channel = self.engine.keys.wake_channel()
+        while not stop.is_set():
+            client = aioredis.Redis.from_url(self.engine.settings.redis_url)
+            try:
+                async with client.pubsub() as pubsub:
+                    await pubsub.subscribe(channel)
+                    while not stop.is_set():
+                        msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                        if msg and msg.get("type") == "message":
+                            with contextlib.suppress(ValueError):
+                                self.wake(int(msg["data"]))
+            except (RedisError, OSError) as exc:
+                log.warning("wake_listener_failed", error=str(exc))
+                await asyncio.sleep(0.5)
+            finally:
+                await client.aclose()

@@ -1,0 +1,2 @@
+"""Dispatched runs: what executors read, their outcomes, the worker, the webhook executor,
+dead letters."""

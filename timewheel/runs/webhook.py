@@ -1,0 +1,97 @@
+"""The webhook executor: POST each run's payload to a URL, with the run id as Idempotency-Key.
+
+2xx acknowledges the run. Anything else, or a timeout, fails the attempt, which the
+retry policy turns into a later attempt (after the server's Retry-After, when it sent
+one) or a dead letter. The target is a fixed URL, or the payload's own `url` (then the
+payload's `body` is what is posted) when its host is on the allow-list.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import time
+from collections.abc import Collection
+from urllib.parse import urlsplit
+
+import httpx
+
+from timewheel.engine import Engine
+from timewheel.errors import ConfigError, PermanentError
+from timewheel.models import Delivery
+from timewheel.runs.worker import DEFAULT_GROUP, Retry, Worker
+
+
+def retry_after_s(value: str | None, now_s: float | None = None) -> float | None:
+    """Seconds to wait from a Retry-After header (delta-seconds or an HTTP date)."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - (time.time() if now_s is None else now_s))
+
+
+class WebhookExecutor:
+    """Delivers a (tenant, queue) to HTTP endpoints."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        tenant: str,
+        queue: str,
+        *,
+        url: str | None = None,
+        allow_hosts: Collection[str] = (),
+        timeout_s: float = 10.0,
+        concurrency: int = 10,
+        group: str = DEFAULT_GROUP,
+    ) -> None:
+        if url is None and not allow_hosts:
+            raise ConfigError("give --url, or --allow-host for URLs taken from payloads")
+        if url is not None and urlsplit(url).scheme not in ("http", "https"):
+            raise ConfigError(f"webhook URL {url!r} must be http or https")
+        self.url = url
+        self.allow_hosts = {h.lower() for h in allow_hosts}
+        self.timeout_s = timeout_s
+        self.worker = Worker(engine, tenant, queue, group=group, concurrency=concurrency)
+        self.http = httpx.AsyncClient(timeout=timeout_s, follow_redirects=False)
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+
+    def target(self, delivery: Delivery) -> tuple[str, str]:
+        """(url, body JSON text) for a delivery."""
+        if self.url is not None:
+            return self.url, delivery.payload_json
+        payload = delivery.payload
+        if not isinstance(payload, dict) or not isinstance(payload.get("url"), str):
+            raise PermanentError("payload has no 'url' and the executor has no fixed URL")
+        url = payload["url"]
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or (parts.hostname or "") not in self.allow_hosts:
+            raise PermanentError(f"URL {url!r} is not on the allow-list")
+        return url, json.dumps(payload.get("body"))
+
+    async def deliver(self, delivery: Delivery) -> None:
+        """The handler: one POST; returning acks, raising fails the attempt."""
+        url, body = self.target(delivery)
+        headers = {
+            "content-type": "application/json",
+            "idempotency-key": delivery.run_id,
+            "x-timewheel-attempt": str(delivery.attempt),
+            "x-timewheel-task-id": delivery.task_id,
+        }
+        try:
+            resp = await self.http.post(url, content=body.encode(), headers=headers)
+        except httpx.TimeoutException:
+            raise Retry(None, f"timeout after {self.timeout_s} s") from None
+        except httpx.HTTPError as exc:
+            raise Retry(None, f"{type(exc).__name__}: {exc}") from None
+        if 200 <= resp.status_code < 300:
+            return
+        raise Retry(retry_after_s(resp.headers.get("retry-after")), f"HTTP {resp.status_code}")

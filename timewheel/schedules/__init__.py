@@ -1,0 +1,1 @@
+"""Recurring schedules: cron and interval maths, their model, operations, planner and listing."""

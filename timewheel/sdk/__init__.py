@@ -1,0 +1,1 @@
+"""The HTTP client library: request builders, sync and async clients, their errors."""

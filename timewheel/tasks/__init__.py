@@ -1,0 +1,1 @@
+"""One-shot tasks: their model, the operations on them, listing and the due-time window."""
