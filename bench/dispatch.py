@@ -2,7 +2,7 @@
 
 a. throughput: N runs already due (run_at in the past, 1000 tenants, 64 shards, 100-byte
    payload) are loaded, every shard is promoted until done (timed apart), then ONE
-   Scheduler(engine) runs in this process; the figure is the time from its start until
+   Scheduler(engine.store) runs in this process; the figure is the time from its start until
    counters.dispatched reaches N. Target >= 75,000/s.
 b. lag: a scheduler process is started, then a load-generator process creates tasks at
    a steady rate (default 10,000/s for 30 s, a batch every 10 ms, 1000 tenants), each due
@@ -46,8 +46,9 @@ from rawpipe import RawPipe, create_commands
 
 from timewheel.config import Settings
 from timewheel.dispatch.scheduler import Scheduler
-from timewheel.engine import Engine, NewTask
+from timewheel.engine import Engine
 from timewheel.store.server import RedisServer
+from timewheel.tasks.model import NewTask
 
 PAYLOAD_BYTES = 100
 SHARDS = 64
@@ -83,7 +84,7 @@ def plain(engine: Engine) -> aioredis.Redis:
 
 
 async def load_scripts(engine: Engine) -> None:
-    await engine.scripts.library.load(engine.client)
+    await engine.store.scripts.library.load(engine.client)
 
 
 async def server_ms(client: aioredis.Redis) -> int:
@@ -144,7 +145,7 @@ async def promote_all(
     async def drain(shard: int) -> None:
         nonlocal moved, calls
         while time.monotonic() < deadline:
-            res = await engine.promote(shard)
+            res = await engine.dispatch.promote(shard)
             moved += res.moved
             calls += 1
             if not res.more:
@@ -190,7 +191,7 @@ async def time_scheduler(engine: Engine, runs: int, timeout_s: float) -> dict[st
     await client.config_resetstat()
     cpu0 = await info_section(client, "cpu")
     persistence0 = await info_section(client, "persistence")
-    scheduler = Scheduler(engine)
+    scheduler = Scheduler(engine.store)
     stop = asyncio.Event()
     proc0 = time.process_time()
     started = time.perf_counter()
@@ -319,7 +320,7 @@ async def scheduler_process(url: str, max_seconds: float) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    scheduler = Scheduler(engine)
+    scheduler = Scheduler(engine.store)
     task = asyncio.create_task(scheduler.run(stop))
     print("READY", flush=True)
     try:
@@ -371,7 +372,7 @@ async def load_process(
                 ]
                 sent = time.perf_counter()
                 if client_kind == "engine":
-                    results = await engine.create_many(news)
+                    results = await engine.tasks.create_many(news)
                     all_ids.extend(r.task_id for r in results)
                 else:
                     commands, task_ids = create_commands(engine, news)

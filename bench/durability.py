@@ -49,8 +49,9 @@ from timewheel.archive.archiver import Archiver
 from timewheel.archive.restore import restore
 from timewheel.archive.snapshot import take_snapshot
 from timewheel.config import Settings
-from timewheel.engine import Engine, NewTask
+from timewheel.engine import Engine
 from timewheel.store.server import RedisServer
+from timewheel.tasks.model import NewTask
 
 RESULTS = Path(__file__).resolve().parent / "results" / "durability.json"
 SHARDS = 64
@@ -68,7 +69,7 @@ async def creates_batched(engine: Engine, seconds: float) -> float:
             NewTask(tenant=f"t{(done + i) % 100}", payload_json=PAYLOAD, delay_ms=HOUR_MS)
             for i in range(100)
         ]
-        await engine.create_many(batch)
+        await engine.tasks.create_many(batch)
         done += len(batch)
     return done / (time.perf_counter() - started)
 
@@ -79,7 +80,7 @@ async def creates_single(engine: Engine, seconds: float, callers: int = 32) -> f
 
     async def caller(n: int) -> None:
         while time.perf_counter() - started < seconds:
-            await engine.create(NewTask(tenant=f"t{n}", payload_json=PAYLOAD, delay_ms=HOUR_MS))
+            await engine.tasks.create(NewTask(tenant=f"t{n}", payload_json=PAYLOAD, delay_ms=HOUR_MS))
             counts[n] += 1
 
     await asyncio.gather(*(caller(n) for n in range(callers)))
@@ -114,7 +115,7 @@ async def load(engine: Engine, rate: int, seconds: float) -> int:
                 NewTask(tenant=f"t{(created + i) % 100}", payload_json=PAYLOAD, delay_ms=HOUR_MS)
                 for i in range(min(want, 2000))
             ]
-            await engine.create_many(batch)
+            await engine.tasks.create_many(batch)
             created += len(batch)
         await asyncio.sleep(0.01)
     return created
@@ -214,19 +215,19 @@ async def snapshot_restore(tasks: int, root: Path) -> dict[str, Any]:
         engine = await Engine.connect(settings)
         try:
             for start in range(0, tasks, 1000):
-                await engine.create_many(
+                await engine.tasks.create_many(
                     [
                         NewTask(tenant=f"t{i % 100}", payload_json=PAYLOAD, delay_ms=HOUR_MS + i)
                         for i in range(start, min(start + 1000, tasks))
                     ]
                 )
             async with pg.connection(dsn) as conn:
-                archiver = Archiver(engine, conn)
+                archiver = Archiver(engine.store, conn)
                 await archiver.start()
                 while await archiver.run_once():
                     pass
                 started = time.perf_counter()
-                snap = await take_snapshot(engine, conn)
+                snap = await take_snapshot(engine.store, conn)
                 snapshot_s = time.perf_counter() - started
             await engine.client.flushall()
         finally:

@@ -22,8 +22,9 @@ from typing import Any
 from common import dispatched_runs, percentile, scheduler_process
 
 from timewheel.config import Settings
-from timewheel.engine import Engine, NewTask
+from timewheel.engine import Engine
 from timewheel.store.server import RedisServer
+from timewheel.tasks.model import NewTask
 
 RESULTS = Path(__file__).resolve().parent / "results" / "failover.json"
 SHARDS = 64
@@ -72,7 +73,7 @@ async def run(args: argparse.Namespace, server: RedisServer, log_dir: Path) -> d
                 )
                 for i in range(batch)
             ]
-            created.extend(r.task_id for r in await engine.create_many(tasks))
+            created.extend(r.task_id for r in await engine.tasks.create_many(tasks))
             tick += 1
             elapsed = time.monotonic() - begin
             if not killed_at and elapsed >= args.kill_at:

@@ -1,5 +1,5 @@
 """Thundering herds (DESIGN.md section 13), each part on a fresh redis-server with AOF
-appendfsync always, 64 shards, 100-byte payloads, ONE Scheduler(engine) in this process.
+appendfsync always, 64 shards, 100-byte payloads, ONE Scheduler(engine.store) in this process.
 
 a. second: 100,000 tasks of 1,000 tenants due within one second (due = T0 + i mod 1000
    ms). Target: every one in its ready stream within 2 s of T0.
@@ -45,7 +45,8 @@ from dispatch import (
 from rawpipe import RawPipe, create_commands
 
 from timewheel.dispatch.scheduler import Scheduler
-from timewheel.engine import Engine, NewTask
+from timewheel.engine import Engine
+from timewheel.tasks.model import NewTask
 
 RESULTS = Path(__file__).resolve().parent / "results" / "herd.json"
 SECOND_TARGET_MS = 2_000
@@ -127,7 +128,7 @@ async def run_herd(
     engine = await Engine.connect(settings_for(url))
     await load_scripts(engine)
     client = plain(engine)
-    scheduler = Scheduler(engine)
+    scheduler = Scheduler(engine.store)
     stop = asyncio.Event()
     running = asyncio.create_task(scheduler.run(stop))
     try:
@@ -177,9 +178,9 @@ async def part_second(url: str, runs: int, timeout_s: float) -> dict[str, Any]:
 async def part_one_tenant(url: str, big: int, timeout_s: float) -> dict[str, Any]:
     tasks = herd_one_tenant(big, others=100, per_other=100)
     t0, load_s, created, dispatches, engine = await run_herd(url, tasks, timeout_s)
-    big_shard = engine.shards_of("big")[0]
+    big_shard = engine.store.shards_of("big")[0]
     others_names = [f"other-{t:03d}" for t in range(100)]
-    neighbours = {name for name in others_names if engine.shards_of(name)[0] == big_shard}
+    neighbours = {name for name in others_names if engine.store.shards_of(name)[0] == big_shard}
     await engine.close()
     tenant_of = {task_id: task.tenant for task_id, task in zip(created, tasks, strict=True)}
     big_runs = [d for d in dispatches if tenant_of.get(d[0]) == "big"]

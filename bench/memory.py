@@ -48,8 +48,9 @@ from rawpipe import RawPipe, resp
 
 from timewheel import ids
 from timewheel.config import Settings
-from timewheel.engine import Engine, NewTask
+from timewheel.engine import Engine
 from timewheel.store.server import RedisServer
+from timewheel.tasks.model import NewTask
 
 DAY_MS = 86_400_000
 NEAR_SPREAD_MS = max(1, min(58_000, Settings().horizon_ms - 2_000))
@@ -199,10 +200,10 @@ async def load_wheel(url: str, layout: Layout, work: Workload, args: argparse.Na
     settings = Settings(redis_url=url, shards=SHARDS, bucket_ms=layout.bucket_ms)
     engine = await Engine.connect(settings)
     try:
-        await engine.scripts.library.load(engine.client)  # no load-on-miss in the pipelines
+        await engine.store.scripts.library.load(engine.client)  # no load-on-miss in the pipelines
         if layout.near:
             for shard in range(SHARDS):
-                while (await engine.promote(shard, now_ms=work.now_ms)).more:
+                while (await engine.dispatch.promote(shard, now_ms=work.now_ms)).more:
                     pass
         if args.loader == "engine":
             await _create_with_engine(engine, work, args.batch, args.inflight)
@@ -215,7 +216,7 @@ async def load_wheel(url: str, layout: Layout, work: Workload, args: argparse.Na
 async def _create_with_engine(engine: Engine, work: Workload, batch: int, inflight: int) -> None:
     async def send(chunk: list[tuple[int, str, int, str]]) -> None:
         news = [NewTask(tenant=t, payload_json=p, run_at_ms=due) for _, t, due, p in chunk]
-        results = await engine.create_many(news)
+        results = await engine.tasks.create_many(news)
         if not all(r.created for r in results):
             raise RuntimeError("a create was not a new task")
 
@@ -231,8 +232,8 @@ def _create_raw(engine: Engine, work: Workload, batch: int) -> Iterator[list[byt
             NewTask(tenant=tenant, payload_json=payload, run_at_ms=due)
             for _, tenant, due, payload in chunk
         ]
-        calls, _ = engine.create_calls([engine._prepare(new) for new in news])
-        yield [resp(("FCALL", c[0].function, len(c[1]), *c[1], *c[2])) for c in calls]
+        calls = engine.tasks.create_calls([engine.tasks.prepare(new) for new in news])
+        yield [resp(("FCALL", c.script.function, len(c.keys), *c.keys, *c.args)) for c in calls]
 
 
 async def load_raw(url: str, command_batches: Iterator[list[bytes]]) -> None:

@@ -15,7 +15,8 @@ from urllib.parse import urlparse
 
 import hiredis
 
-from timewheel.engine import Engine, NewTask
+from timewheel.engine import Engine
+from timewheel.tasks.model import NewTask
 
 
 def resp(args: Sequence[str | bytes | int]) -> bytes:
@@ -88,7 +89,7 @@ class RawPipe:
 def create_commands(engine: Engine, batch: Sequence[NewTask]) -> tuple[list[bytes], list[str]]:
     """The FCALL calls Engine.create_many would pipeline (one per shard and chunk),
     and the task ids."""
-    prepared = [engine._prepare(new) for new in batch]
-    calls, _ = engine.create_calls(prepared)
-    commands = [resp(("FCALL", c[0].function, len(c[1]), *c[1], *c[2])) for c in calls]
+    prepared = [engine.tasks.prepare(new) for new in batch]
+    calls = engine.tasks.create_calls(prepared)
+    commands = [resp(("FCALL", c.script.function, len(c.keys), *c.keys, *c.args)) for c in calls]
     return commands, [p.task_id for p in prepared]

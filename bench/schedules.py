@@ -31,8 +31,9 @@ from common import dispatched_runs, percentile, scheduler_process
 
 from timewheel.config import Settings
 from timewheel.engine import Engine
-from timewheel.schedules.ops import NewSchedule, spec_from_json
+from timewheel.schedules.model import NewSchedule, spec_from_json
 from timewheel.schedules.spec import ScheduleSpec, fire_times
+from timewheel.store import deployment
 from timewheel.store.server import RedisServer
 
 SHARDS = 64
@@ -59,7 +60,7 @@ async def create_all(engine: Engine, count: int) -> float:
     for low in range(0, count, 500):
         await asyncio.gather(
             *(
-                engine.create_schedule(
+                engine.schedules.create(
                     NewSchedule(tenant=f"t{i % TENANTS}", spec=spec, payload_json=PAYLOAD)
                 )
                 for i in range(low, min(count, low + 500))
@@ -73,7 +74,7 @@ async def measure(server: RedisServer, count: int, window_s: float, log: Path) -
     engine = await Engine.connect(settings)
     try:
         await engine.client.flushall()
-        await engine.ensure_layout()
+        await deployment.ensure_layout(engine.client, engine.settings)
         # The scheduler runs first, as in a deployment: creates then place runs in the
         # near level it has promoted, and it dispatches while they are being made.
         proc = scheduler_process(settings, "bench", log)
@@ -145,7 +146,7 @@ async def planner_pass(engine: Engine) -> dict[str, Any]:
     planned = added = 0
     for shard in range(engine.settings.shards):
         while True:
-            res = await engine.plan(shard, clock_ms=ahead)
+            res = await engine.planner.plan(shard, clock_ms=ahead)
             planned += res.schedules
             added += res.added
             if not res.more:

@@ -28,10 +28,11 @@ from typing import Any
 from common import percentile
 
 from timewheel.config import Settings
-from timewheel.engine import Engine, NewTask
+from timewheel.engine import Engine
 from timewheel.models import Delivery
 from timewheel.runs.worker import Worker
 from timewheel.store.server import RedisServer
+from timewheel.tasks.model import NewTask
 
 RESULTS = Path(__file__).resolve().parent / "results" / "worker.json"
 SHARDS = 64
@@ -47,12 +48,12 @@ async def throughput(url: str, runs: int, concurrency: int) -> dict[str, Any]:
     engine = await Engine.connect(settings_for(url))
     try:
         for shard in range(SHARDS):
-            await engine.promote(shard)
+            await engine.dispatch.promote(shard)
         for _ in range(0, runs, 5000):
-            await engine.create_many([NewTask(tenant=TENANT, delay_ms=0)] * min(5000, runs))
-        while sum([(await engine.tick(s, limit=5000)).dispatched for s in range(SHARDS)]):
+            await engine.tasks.create_many([NewTask(tenant=TENANT, delay_ms=0)] * min(5000, runs))
+        while sum([(await engine.dispatch.tick(s, limit=5000)).dispatched for s in range(SHARDS)]):
             pass
-        worker = Worker(engine, TENANT, "default", concurrency=concurrency)
+        worker = Worker(engine.store, TENANT, "default", concurrency=concurrency)
 
         async def noop(d: Delivery) -> None:
             return
@@ -87,7 +88,7 @@ def load(url: str, rate: int, seconds: float) -> None:
         step = 0
         try:
             while time.monotonic() - begin < seconds:
-                await engine.create_many([NewTask(tenant=TENANT, delay_ms=1000)] * batch)
+                await engine.tasks.create_many([NewTask(tenant=TENANT, delay_ms=1000)] * batch)
                 step += 1
                 await asyncio.sleep(max(0.0, begin + step * 0.01 - time.monotonic()))
         finally:
@@ -116,7 +117,7 @@ async def lag(url: str, rate: int, seconds: float, log_dir: Path) -> dict[str, A
     async def record(d: Delivery) -> None:
         lags.append(time.time() * 1000 - d.due_ms)
 
-    worker = Worker(engine, TENANT, "default", concurrency=200)
+    worker = Worker(engine.store, TENANT, "default", concurrency=200)
     stop = asyncio.Event()
     task = asyncio.create_task(worker.run(record, stop))
     try:

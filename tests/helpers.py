@@ -12,7 +12,7 @@ from redis.asyncio.cluster import RedisCluster
 from timewheel.dispatch.scheduler import Scheduler
 from timewheel.engine import Engine
 from timewheel.models import Delivery
-from timewheel.runs.worker import parse_entry
+from timewheel.runs.delivery import parse_entry
 
 
 async def stream_keys(engine: Engine) -> list[str]:
@@ -48,7 +48,7 @@ async def all_deliveries(engine: Engine) -> list[Delivery]:
 async def running_scheduler(engine: Engine) -> AsyncIterator[Scheduler]:
     """A single-node scheduler running in the background for the duration of the block."""
     stop = asyncio.Event()
-    scheduler = Scheduler(engine)
+    scheduler = Scheduler(engine.store)
     task = asyncio.create_task(scheduler.run(stop))
     try:
         yield scheduler

@@ -18,6 +18,7 @@ from timewheel.config import Settings
 from timewheel.engine import Engine
 from timewheel.runs.worker import Worker
 from timewheel.store.server import find_free_port
+from timewheel.store.shard import Store
 from timewheel.tenants import Limits, TenantStore
 
 
@@ -272,7 +273,7 @@ async def test_run_history_and_dead_letters_over_http(
         )
     ).json()
     assert await tick_all(standalone_engine, now + 1000) == 1
-    worker = Worker(standalone_engine, "default", "default")
+    worker = Worker(standalone_engine.store, "default", "default")
     [delivery] = await worker.read(block_ms=100)
     assert await worker.fail(delivery, "ValueError: nope") == "dead"
     runs = (await client.get(f"/v1/tasks/{task['id']}/runs")).json()
@@ -302,7 +303,7 @@ async def test_dead_letter_pages_and_purge(
     await prime(standalone_engine, now)
     ids = [(await client.post("/v1/tasks", json={"delay": 0})).json()["id"] for _ in range(5)]
     assert await tick_all(standalone_engine, now + 1000) == 5
-    worker = Worker(standalone_engine, "default", "default")
+    worker = Worker(standalone_engine.store, "default", "default")
     for delivery in await worker.read(count=10, block_ms=100):
         await worker.fail(delivery, "gone", permanent=True)
     seen: list[str] = []
@@ -368,7 +369,7 @@ async def test_concurrent_creates_each_get_their_own_answer(client: httpx.AsyncC
 async def test_redis_down_is_503_not_500() -> None:
     url = f"redis://127.0.0.1:{find_free_port()}"
     settings = Settings(redis_url=url, admin_key="tw_admin")
-    engine = Engine(aioredis.Redis.from_url(url, socket_connect_timeout=0.5), settings)
+    engine = Engine(Store(aioredis.Redis.from_url(url, socket_connect_timeout=0.5), settings))
     app = create_app(settings, engine=engine)
     transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
     try:

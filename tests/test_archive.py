@@ -24,9 +24,11 @@ from timewheel.archive.events import event_rows
 from timewheel.archive.history import run_history
 from timewheel.archive.snapshot import take_snapshot
 from timewheel.config import Settings
-from timewheel.engine import Engine, NewTask
+from timewheel.engine import Engine
 from timewheel.errors import RedisUnavailable
 from timewheel.store.server import RedisServer
+from timewheel.store.shard import Store
+from timewheel.tasks.model import NewTask
 
 CLI = [sys.executable, "-m", "timewheel.cli"]
 
@@ -44,7 +46,7 @@ async def archive_all(engine: Engine, dsn: str) -> Archiver:
     """Run an in-process archiver until a round finds nothing new."""
     conn = await pg.connect(dsn)
     try:
-        archiver = Archiver(engine, conn)
+        archiver = Archiver(engine.store, conn)
         await archiver.start()
         for _ in range(10_000):
             if await archiver.run_once() == 0:
@@ -74,7 +76,7 @@ async def pg_rows(dsn: str) -> list[tuple[int, int, int, str]]:
 
 async def make_history(engine: Engine, *, tasks: int = 60) -> list[str]:
     """Creates (some dispatched by a real scheduler), updates and cancels; returns task ids."""
-    created = await engine.create_many(
+    created = await engine.tasks.create_many(
         [
             NewTask(tenant=f"t{i % 3}", payload_json=f'{{"n":{i}}}', delay_ms=3_600_000)
             for i in range(tasks)
@@ -82,16 +84,16 @@ async def make_history(engine: Engine, *, tasks: int = 60) -> list[str]:
     )
     ids = [r.task_id for r in created]
     for i, task_id in enumerate(ids[: tasks // 4]):
-        await engine.update(f"t{i % 3}", task_id, payload_json=f'{{"n":{i},"v":2}}')
+        await engine.tasks.update(f"t{i % 3}", task_id, payload_json=f'{{"n":{i},"v":2}}')
     for i, task_id in enumerate(ids[tasks // 4 : tasks // 2], start=tasks // 4):
-        await engine.cancel(f"t{i % 3}", task_id)
-    due_now = await engine.create_many(
+        await engine.tasks.cancel(f"t{i % 3}", task_id)
+    due_now = await engine.tasks.create_many(
         [NewTask(tenant="t0", payload_json="1", delay_ms=0) for _ in range(10)]
     )
     async with running_scheduler(engine):
         deadline = time.monotonic() + 20
         while True:
-            states = [(await engine.get("t0", r.task_id)).state for r in due_now]
+            states = [(await engine.tasks.get("t0", r.task_id)).state for r in due_now]
             if all(s == "dispatched" for s in states):
                 break
             assert time.monotonic() < deadline, states
@@ -189,7 +191,7 @@ async def test_sigkill_mid_batch_neither_loses_nor_doubles_an_event(
             # writes one 'created' entry per shard).
             await asyncio.gather(
                 *(
-                    engine.create_many(
+                    engine.tasks.create_many(
                         [NewTask(tenant=f"t{i % 3}", payload_json=str(round_), delay_ms=60_000)]
                     )
                     for i in range(80)
@@ -202,7 +204,7 @@ async def test_sigkill_mid_batch_neither_loses_nor_doubles_an_event(
                 assert proc.poll() is None, log.read_text()
                 assert time.monotonic() < deadline, log.read_text()
                 # More entries, so an archiver that caught up still has batches to run.
-                await engine.create_many(
+                await engine.tasks.create_many(
                     [NewTask(tenant="t0", payload_json=str(round_), delay_ms=60_000)]
                 )
             proc.send_signal(signal.SIGKILL)
@@ -240,7 +242,7 @@ async def test_event_log_trimming_never_passes_the_checkpoint(standalone_url: st
         async def log_entries(n: int) -> None:
             # One create call per task: each call writes one 'created' entry.
             one = [NewTask(tenant="a", delay_ms=60_000)]
-            await asyncio.gather(*(engine.create_many(one) for _ in range(n)))
+            await asyncio.gather(*(engine.tasks.create_many(one) for _ in range(n)))
 
         await log_entries(1000)
         assert await engine.client.xlen(events) < 300  # no archiver: capped near 100
@@ -268,22 +270,22 @@ async def test_history_finds_a_run_in_a_batch_created_entry_for_its_tenant_only(
     standalone_engine: Engine,
 ) -> None:
     engine = standalone_engine
-    made = await engine.create_many(
+    made = await engine.tasks.create_many(
         [NewTask(tenant=("a", "b")[i % 2], delay_ms=60_000) for i in range(40)]
     )
     mine = made[0].task_id  # tenant a's, in an entry that names runs of b too
-    assert [e.kind for e in await run_history(engine, "a", mine)] == ["created"]
-    assert await run_history(engine, "b", mine) == []
+    assert [e.kind for e in await run_history(engine.store, "a", mine)] == ["created"]
+    assert await run_history(engine.store, "b", mine) == []
 
 
 async def test_history_falls_back_to_postgres_when_the_log_lost_it(
     engine_pg: tuple[Engine, str],
 ) -> None:
     engine, dsn = engine_pg
-    [made] = await engine.create_many([NewTask(tenant="t0", delay_ms=60_000)])
-    await engine.update("t0", made.task_id, delay_ms=120_000)
-    await engine.cancel("t0", made.task_id)
-    in_redis = await run_history(engine, "t0", made.task_id)
+    [made] = await engine.tasks.create_many([NewTask(tenant="t0", delay_ms=60_000)])
+    await engine.tasks.update("t0", made.task_id, delay_ms=120_000)
+    await engine.tasks.cancel("t0", made.task_id)
+    in_redis = await run_history(engine.store, "t0", made.task_id)
     assert [e.kind for e in in_redis] == ["created", "updated", "cancelled"]
     await archive_all(engine, dsn)
     shard = int(made.task_id[:3], 16)
@@ -293,16 +295,16 @@ async def test_history_falls_back_to_postgres_when_the_log_lost_it(
         engine.keys.events(shard),
         {"e": "purged", "id": made.task_id, "tenant": "t0", "at": 1},
     )
-    merged = await run_history(engine, "t0", made.task_id)
+    merged = await run_history(engine.store, "t0", made.task_id)
     assert [e.kind for e in merged] == ["created", "updated", "cancelled", "purged"]
     assert merged[:3] == in_redis
-    assert await run_history(engine, "t1", made.task_id) == []  # another tenant sees none
-    no_pg = Engine(
+    assert await run_history(engine.store, "t1", made.task_id) == []  # another tenant sees none
+    no_pg = Store(
         engine.client, test_settings(engine.settings.redis_url, prefix=engine.settings.prefix)
     )
     assert [e.kind for e in await run_history(no_pg, "t0", made.task_id)] == ["purged"]
     # PostgreSQL down: the answer is what Redis holds, not an error.
-    down = Engine(
+    down = Store(
         engine.client,
         test_settings(
             engine.settings.redis_url,
@@ -316,14 +318,14 @@ async def test_history_falls_back_to_postgres_when_the_log_lost_it(
 async def test_archive_and_snapshot_on_standalone_and_cluster(
     engine: Engine, postgres_dsn: str
 ) -> None:
-    made = await engine.create_many(
+    made = await engine.tasks.create_many(
         [NewTask(tenant=f"t{i % 5}", payload_json=str(i), delay_ms=60_000) for i in range(40)]
     )
-    await engine.cancel("t0", made[0].task_id)
+    await engine.tasks.cancel("t0", made[0].task_id)
     await archive_all(engine, postgres_dsn)
     assert await pg_rows(postgres_dsn) == await redis_rows(engine)
     async with pg.connection(postgres_dsn) as conn:
-        result = await take_snapshot(engine, conn)
+        result = await take_snapshot(engine.store, conn)
         assert (result.tasks, result.schedules) == (39, 0)
         cur = await conn.execute(
             "SELECT count(*), count(DISTINCT shard) FROM snapshot_tasks WHERE snapshot_id = %s",
@@ -337,10 +339,10 @@ async def test_archiver_run_takes_snapshots_every_interval(
     engine_pg: tuple[Engine, str],
 ) -> None:
     engine, dsn = engine_pg
-    await engine.create_many([NewTask(tenant="t0", delay_ms=60_000) for _ in range(5)])
+    await engine.tasks.create_many([NewTask(tenant="t0", delay_ms=60_000) for _ in range(5)])
     stop = asyncio.Event()
     async with pg.connection(dsn) as conn:
-        archiver = Archiver(engine, conn)
+        archiver = Archiver(engine.store, conn)
         await archiver.start()
         running = asyncio.create_task(
             archiver.run(stop, poll_interval_s=0.01, snapshot_every_s=0.1, dsn=dsn)
@@ -372,14 +374,14 @@ async def test_archiver_rides_through_restarts_of_redis_and_postgres(
     server.start()
     engine = await Engine.connect(test_settings(server.url))
     stop = asyncio.Event()
-    archiver = Archiver(engine, await pg.connect(postgres_dsn))
+    archiver = Archiver(engine.store, await pg.connect(postgres_dsn))
     await archiver.start()
     running = asyncio.create_task(archiver.run(stop, poll_interval_s=0.01, dsn=postgres_dsn))
 
     async def create(n: int) -> None:
         for _ in range(100):  # the first call after a restart may meet a dead connection
             try:
-                await engine.create_many([NewTask(tenant="a", delay_ms=60_000) for _ in range(n)])
+                await engine.tasks.create_many([NewTask(tenant="a", delay_ms=60_000) for _ in range(n)])
                 return
             except RedisUnavailable:
                 await asyncio.sleep(0.05)
@@ -420,12 +422,12 @@ async def test_archiver_takes_a_snapshot_at_once_when_none_is_recent(
     engine_pg: tuple[Engine, str],
 ) -> None:
     engine, dsn = engine_pg
-    await engine.create_many([NewTask(tenant="t0", delay_ms=60_000) for _ in range(3)])
+    await engine.tasks.create_many([NewTask(tenant="t0", delay_ms=60_000) for _ in range(3)])
 
     async def snapshots_after_run() -> int:
         stop = asyncio.Event()
         async with pg.connection(dsn) as conn:
-            archiver = Archiver(engine, conn)
+            archiver = Archiver(engine.store, conn)
             await archiver.start()
             running = asyncio.create_task(
                 archiver.run(stop, poll_interval_s=0.01, snapshot_every_s=3600, dsn=dsn)
@@ -453,18 +455,18 @@ async def test_schedule_history_falls_back_to_postgres_when_the_log_lost_it(
     engine_pg: tuple[Engine, str],
 ) -> None:
     from timewheel.archive.history import schedule_history
-    from timewheel.schedules.ops import NewSchedule
+    from timewheel.schedules.model import NewSchedule
     from timewheel.schedules.spec import ScheduleSpec
 
     engine, dsn = engine_pg
-    sched, _ = await engine.create_schedule(
+    sched, _ = await engine.schedules.create(
         NewSchedule(tenant="t0", spec=ScheduleSpec(every_s=3600))
     )
-    manual = await engine.trigger_schedule("t0", sched.id)
+    manual = await engine.schedules.trigger("t0", sched.id)
     for shard in range(engine.settings.shards):
-        await engine.promote(shard)
-        await engine.tick(shard)
-    in_redis = await schedule_history(engine, sched.id, sched.created_ms)
+        await engine.dispatch.promote(shard)
+        await engine.dispatch.tick(shard)
+    in_redis = await schedule_history(engine.store, sched.id, sched.created_ms)
     assert [(r.run_id, [e.kind for e in r.events]) for r in in_redis] == [(manual, ["dispatched"])]
     await archive_all(engine, dsn)
     shard = int(sched.id[:3], 16)
@@ -474,12 +476,12 @@ async def test_schedule_history_falls_back_to_postgres_when_the_log_lost_it(
         engine.keys.events(shard),
         {"e": "skipped", "id": f"{sched.id}@7200000", "tenant": "t0", "at": 1, "due_ms": 7200000},
     )
-    merged = await schedule_history(engine, sched.id, sched.created_ms)
+    merged = await schedule_history(engine.store, sched.id, sched.created_ms)
     assert [(r.run_id, [e.kind for e in r.events]) for r in merged] == [
         (f"{sched.id}@7200000", ["skipped"]),
         (manual, ["dispatched"]),
     ]
-    no_pg = Engine(
+    no_pg = Store(
         engine.client, test_settings(engine.settings.redis_url, prefix=engine.settings.prefix)
     )
     assert [r.run_id for r in await schedule_history(no_pg, sched.id, sched.created_ms)] == [

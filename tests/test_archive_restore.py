@@ -26,10 +26,11 @@ from timewheel.archive.events import EVENT_COLUMNS, event_rows
 from timewheel.archive.restore import RestoredRun, restore
 from timewheel.archive.snapshot import take_snapshot
 from timewheel.config import Settings
-from timewheel.engine import Engine, NewTask
+from timewheel.engine import Engine
 from timewheel.errors import RestoreRefused, TaskNotFound
 from timewheel.models import Task
 from timewheel.store.server import RedisServer
+from timewheel.tasks.model import NewTask
 
 CLI = [sys.executable, "-m", "timewheel.cli"]
 HOUR_MS = 3_600_000
@@ -66,7 +67,7 @@ def run_cli(args: Sequence[str], settings: Settings) -> subprocess.CompletedProc
 async def wait_dispatched(engine: Engine, tenant: str, task_ids: Sequence[str]) -> None:
     deadline = time.monotonic() + 20
     while True:
-        states = [(await engine.get(tenant, t)).state for t in task_ids]
+        states = [(await engine.tasks.get(tenant, t)).state for t in task_ids]
         if all(s == "dispatched" for s in states):
             return
         assert time.monotonic() < deadline, states
@@ -77,7 +78,7 @@ async def pending(engine: Engine, tasks: dict[str, str]) -> dict[str, Task]:
     """The tasks (id -> tenant) that are still scheduled."""
     out: dict[str, Task] = {}
     for task_id, tenant in tasks.items():
-        task = await engine.get(tenant, task_id)
+        task = await engine.tasks.get(tenant, task_id)
         if task.state == "scheduled":
             out[task_id] = task
     return out
@@ -96,11 +97,11 @@ async def test_restore_brings_back_pending_tasks_after_flushall(
             NewTask(tenant=f"t{i % 3}", payload_json=f'{{"n":{i}}}', delay_ms=HOUR_MS + i)
             for i in range(150)
         ]
-        made = await engine.create_many(first)
+        made = await engine.tasks.create_many(first)
         tasks.update((r.task_id, n.tenant) for r, n in zip(made, first, strict=True))
         for r, n in list(zip(made, first, strict=True))[:10]:
-            await engine.update(n.tenant, r.task_id, payload_json='"changed before"')
-        early = await engine.create_many([NewTask(tenant="t0", delay_ms=0) for _ in range(5)])
+            await engine.tasks.update(n.tenant, r.task_id, payload_json='"changed before"')
+        early = await engine.tasks.create_many([NewTask(tenant="t0", delay_ms=0) for _ in range(5)])
         async with running_scheduler(engine):
             await wait_dispatched(engine, "t0", [r.task_id for r in early])
         await archive_all(engine, postgres_dsn)
@@ -113,15 +114,15 @@ async def test_restore_brings_back_pending_tasks_after_flushall(
             NewTask(tenant=f"t{i % 3}", payload_json=f'{{"m":{i}}}', delay_ms=3 * HOUR_MS + i)
             for i in range(80)
         ]
-        made2 = await engine.create_many(second)
+        made2 = await engine.tasks.create_many(second)
         tasks.update((r.task_id, n.tenant) for r, n in zip(made2, second, strict=True))
         for task_id in list(tasks)[100:130] + [r.task_id for r in made2[:10]]:
-            await engine.cancel(tasks[task_id], task_id)
+            await engine.tasks.cancel(tasks[task_id], task_id)
         for task_id in list(tasks)[140:150] + [r.task_id for r in made2[70:]]:
-            await engine.update(
+            await engine.tasks.update(
                 tasks[task_id], task_id, payload_json='"changed after"', delay_ms=2 * HOUR_MS
             )
-        late = await engine.create_many([NewTask(tenant="t1", delay_ms=0) for _ in range(5)])
+        late = await engine.tasks.create_many([NewTask(tenant="t1", delay_ms=0) for _ in range(5)])
         async with running_scheduler(engine):
             await wait_dispatched(engine, "t1", [r.task_id for r in late])
         await archive_all(engine, postgres_dsn)
@@ -141,7 +142,7 @@ async def test_restore_brings_back_pending_tasks_after_flushall(
     engine = await Engine.connect(settings)
     try:
         for task_id, want in expected.items():
-            got = await engine.get(want.tenant, task_id)
+            got = await engine.tasks.get(want.tenant, task_id)
             assert (got.state, got.payload_json, got.due_ms, got.queue, got.created_ms) == (
                 "scheduled",
                 want.payload_json,
@@ -151,10 +152,10 @@ async def test_restore_brings_back_pending_tasks_after_flushall(
             ), task_id
         for task_id in cancelled:  # cancelled after the snapshot: not brought back
             with pytest.raises(TaskNotFound):
-                await engine.get(tasks[task_id], task_id)
+                await engine.tasks.get(tasks[task_id], task_id)
         # Dispatched and not acknowledged at the wipe: back, due, same run id, next attempt.
         for task_id in unacked:
-            got = await engine.get("t0" if task_id in {r.task_id for r in early} else "t1", task_id)
+            got = await engine.tasks.get("t0" if task_id in {r.task_id for r in early} else "t1", task_id)
             assert (got.state, got.attempt) == ("scheduled", 1)
         # A scheduler dispatches them all: the overdue ones now, the rest once due (a
         # fake clock two days ahead stands for waiting).
@@ -165,9 +166,9 @@ async def test_restore_brings_back_pending_tasks_after_flushall(
                 await asyncio.sleep(0.05)
         later = int(time.time() * 1000) + 48 * HOUR_MS
         for shard in range(settings.shards):
-            while (await engine.promote(shard, now_ms=later)).more:
+            while (await engine.dispatch.promote(shard, now_ms=later)).more:
                 pass
-            while (await engine.tick(shard, now_ms=later, limit=5000)).dispatched:
+            while (await engine.dispatch.tick(shard, now_ms=later, limit=5000)).dispatched:
                 pass
         delivered = {d.run_id: d for d in await all_deliveries(engine)}
         assert set(delivered) == set(expected) | set(unacked)
@@ -186,7 +187,7 @@ async def test_restore_refuses_a_non_empty_redis_unless_forced(
     dsn_args = ["--postgres-dsn", postgres_dsn, "--redis-url", own_redis.url]
     engine = await Engine.connect(settings)
     try:
-        [made] = await engine.create_many([NewTask(tenant="a", delay_ms=HOUR_MS)])
+        [made] = await engine.tasks.create_many([NewTask(tenant="a", delay_ms=HOUR_MS)])
         await archive_all(engine, postgres_dsn)
         assert run_cli(["snapshot", *dsn_args], settings).returncode == 0
         refused = run_cli(["restore", *dsn_args], settings)
@@ -196,7 +197,7 @@ async def test_restore_refuses_a_non_empty_redis_unless_forced(
         forced = run_cli(["restore", "--force", *dsn_args], settings)
         assert forced.returncode == 0, forced.stderr
         assert "restored 0 runs" in forced.stdout and "1 already present" in forced.stdout
-        assert (await engine.get("a", made.task_id)).state == "scheduled"
+        assert (await engine.tasks.get("a", made.task_id)).state == "scheduled"
     finally:
         await engine.close()
 
@@ -248,9 +249,9 @@ async def test_restore_script_writes_the_record_and_places_it_in_the_wheel(
         last_error="boom",
     )
     keys, bucket_ms = [engine.keys.meta(3)], engine.settings.bucket_ms
-    reply = await engine.call(engine.scripts.restore_runs, keys, [bucket_ms, 1, *run.args(run_id)])
+    reply = await engine.store.scripts.restore_runs(engine.client, keys, [bucket_ms, 1, *run.args(run_id)])
     assert reply == [1, 0]
-    task = await engine.get("a", run_id)
+    task = await engine.tasks.get("a", run_id)
     assert (task.state, task.attempt, task.due_ms, task.queue, task.created_ms) == (
         "scheduled",
         2,
@@ -268,10 +269,10 @@ async def test_restore_script_writes_the_record_and_places_it_in_the_wheel(
     bucket = engine.keys.bucket(3, 5_000_000 - 5_000_000 % bucket_ms)
     assert await engine.client.hexists(bucket, engine.keys.bucket_member(run_id))  # far level
     # A run already there is left alone; malformed input is an error reply.
-    again = await engine.call(engine.scripts.restore_runs, keys, [bucket_ms, 1, *run.args(run_id)])
+    again = await engine.store.scripts.restore_runs(engine.client, keys, [bucket_ms, 1, *run.args(run_id)])
     assert again == [0, 1]
     with pytest.raises(ResponseError, match="n <= 200 groups of 11"):
-        await engine.call(engine.scripts.restore_runs, keys, [bucket_ms, 2, *run.args(run_id)])
+        await engine.store.scripts.restore_runs(engine.client, keys, [bucket_ms, 2, *run.args(run_id)])
 
 
 def test_archiver_stores_entries_it_does_not_know_instead_of_stopping() -> None:
@@ -305,10 +306,10 @@ async def test_restore_opens_each_event_log_past_the_archiver_checkpoint(
     settings = test_settings(own_redis.url, postgres_dsn=postgres_dsn, shards=1)
     engine = await Engine.connect(settings)
     try:
-        await engine.create_many([NewTask(tenant="a", delay_ms=HOUR_MS)])
+        await engine.tasks.create_many([NewTask(tenant="a", delay_ms=HOUR_MS)])
         await archive_all(engine, postgres_dsn)
         async with pg.connection(postgres_dsn) as conn:
-            await take_snapshot(engine, conn)
+            await take_snapshot(engine.store, conn)
             ahead_ms = int(time.time() * 1000) + HOUR_MS  # the old server's clock, say
             await conn.execute(
                 "UPDATE archive_checkpoints SET last_ms = %s, last_seq = 5", (ahead_ms,)
@@ -316,7 +317,7 @@ async def test_restore_opens_each_event_log_past_the_archiver_checkpoint(
             await conn.commit()
         await engine.client.flushall()
         await restore(settings)
-        await engine.create_many([NewTask(tenant="a", delay_ms=HOUR_MS)])
+        await engine.tasks.create_many([NewTask(tenant="a", delay_ms=HOUR_MS)])
         entries: Any = await engine.client.xrange(engine.keys.events(0))
         assert [e[1][b"e"] for e in entries] == [b"restored", b"created"]
         assert entries[0][0] == f"{ahead_ms}-6".encode()
@@ -329,12 +330,12 @@ async def test_restore_opens_each_event_log_past_the_archiver_checkpoint(
 async def test_forced_restore_on_standalone_and_cluster(engine: Engine, postgres_dsn: str) -> None:
     """The session's servers hold other tests' keys: only --force may write there, and the
     runs of this test's prefix, deleted, come back."""
-    made = await engine.create_many(
+    made = await engine.tasks.create_many(
         [NewTask(tenant=f"t{i % 4}", payload_json=str(i), delay_ms=HOUR_MS) for i in range(30)]
     )
     await archive_all(engine, postgres_dsn)
     async with pg.connection(postgres_dsn) as conn:
-        await take_snapshot(engine, conn)
+        await take_snapshot(engine.store, conn)
     settings = test_settings(
         engine.settings.redis_url, prefix=engine.settings.prefix, postgres_dsn=postgres_dsn
     )
@@ -350,18 +351,18 @@ async def test_forced_restore_on_standalone_and_cluster(engine: Engine, postgres
         async for key in client.scan_iter(match=pattern):
             await client.delete(key)
     with pytest.raises(TaskNotFound):
-        await engine.get("t0", made[0].task_id)
+        await engine.tasks.get("t0", made[0].task_id)
     result = await restore(settings, force=True)
     assert (result.restored, result.existing) == (30, 0)
     for i, r in enumerate(made):
-        task = await engine.get(f"t{i % 4}", r.task_id)
+        task = await engine.tasks.get(f"t{i % 4}", r.task_id)
         assert (task.state, task.payload_json) == ("scheduled", str(i))
 
 
 async def test_schedules_come_back_and_resume_per_their_catchup_policy(
     own_redis: RedisServer, postgres_dsn: str
 ) -> None:
-    from timewheel.schedules.ops import NewSchedule, ScheduleChanges
+    from timewheel.schedules.model import NewSchedule, ScheduleChanges
     from timewheel.schedules.spec import ScheduleSpec
 
     settings = test_settings(own_redis.url, postgres_dsn=postgres_dsn, misfire_ms=1_000)
@@ -369,18 +370,18 @@ async def test_schedules_come_back_and_resume_per_their_catchup_policy(
     engine = await Engine.connect(settings)
     try:
         every = ScheduleSpec(every_s=1)
-        skip, _ = await engine.create_schedule(NewSchedule("a", every, catchup="skip"))
-        latest, _ = await engine.create_schedule(NewSchedule("a", every, catchup="latest"))
-        hourly, _ = await engine.create_schedule(NewSchedule("b", ScheduleSpec(cron="0 * * * *")))
+        skip, _ = await engine.schedules.create(NewSchedule("a", every, catchup="skip"))
+        latest, _ = await engine.schedules.create(NewSchedule("a", every, catchup="latest"))
+        hourly, _ = await engine.schedules.create(NewSchedule("b", ScheduleSpec(cron="0 * * * *")))
         async with running_scheduler(engine):
             await asyncio.sleep(1.5)
         await archive_all(engine, postgres_dsn)
         assert run_cli(["snapshot", *dsn_args], settings).returncode == 0
         # After the snapshot: one schedule made, one changed, one deleted (archived only).
-        after, _ = await engine.create_schedule(NewSchedule("b", ScheduleSpec(every_s=60)))
-        await engine.update_schedule("b", hourly.id, ScheduleChanges(payload_json='"v2"'))
-        gone, _ = await engine.create_schedule(NewSchedule("a", ScheduleSpec(every_s=60)))
-        await engine.delete_schedule("a", gone.id)
+        after, _ = await engine.schedules.create(NewSchedule("b", ScheduleSpec(every_s=60)))
+        await engine.schedules.update("b", hourly.id, ScheduleChanges(payload_json='"v2"'))
+        gone, _ = await engine.schedules.create(NewSchedule("a", ScheduleSpec(every_s=60)))
+        await engine.schedules.delete("a", gone.id)
         await archive_all(engine, postgres_dsn)
         await engine.client.flushall()
         wiped_ms = int(time.time() * 1000)
@@ -392,10 +393,10 @@ async def test_schedules_come_back_and_resume_per_their_catchup_policy(
 
     engine = await Engine.connect(settings)
     try:
-        assert (await engine.get_schedule("b", hourly.id)).payload_json == '"v2"'
-        assert (await engine.get_schedule("b", after.id)).state == "active"
+        assert (await engine.schedules.get("b", hourly.id)).payload_json == '"v2"'
+        assert (await engine.schedules.get("b", after.id)).state == "active"
         with pytest.raises(TaskNotFound):
-            await engine.get_schedule("a", gone.id)
+            await engine.schedules.get("a", gone.id)
         restarted_ms = int(time.time() * 1000)
         async with running_scheduler(engine):
             await asyncio.sleep(2.5)

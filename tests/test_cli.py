@@ -15,6 +15,7 @@ import httpx
 import redis
 
 from timewheel.engine import Engine
+from timewheel.store import deployment
 from timewheel.store.library import OPERATIONS
 from timewheel.store.server import RedisServer, find_free_port
 
@@ -180,4 +181,4 @@ def test_api_and_scheduler_refuse_a_redis_that_would_lose_tasks(tmp_path: Path) 
 
 
 async def test_a_safe_redis_passes_the_durability_check(engine: Engine) -> None:
-    await engine.check_durability()  # AOF always, noeviction: no error (every primary)
+    await deployment.check_durability(engine.client, engine.settings)  # AOF always, noeviction: no error (every primary)

@@ -75,7 +75,7 @@ async def test_every_client_command(
         await prime(engine, now)
         dead = run_json(capsys, "task", "create", "--delay", "0", *as_tenant)
         await tick_all(engine, now + 1000)
-        worker = Worker(engine, tenant, "default")
+        worker = Worker(engine.store, tenant, "default")
         for delivery in await worker.read(count=10, block_ms=100):
             await worker.fail(delivery, "boom", permanent=True)
     finally:

@@ -45,12 +45,13 @@ from tests.conftest import test_settings
 from tests.helpers import all_deliveries, stream_keys
 from tests.nodes import Fleet, NodeProcess, settings_env
 from timewheel.config import Settings
-from timewheel.engine import Engine, NewTask
+from timewheel.engine import Engine
 from timewheel.errors import TaskNotFound
 from timewheel.models import Task, ms_to_rfc3339
 from timewheel.sdk.client import Client
 from timewheel.store.connection import connect
 from timewheel.store.server import RedisServer
+from timewheel.tasks.model import NewTask
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -67,12 +68,12 @@ def now_ms() -> int:
 
 
 async def get_many(engine: Engine, tenant: str, task_ids: Sequence[str]) -> dict[str, Task | None]:
-    """engine.get for many ids, 500 at a time; None for a task that does not exist."""
+    """engine.tasks.get for many ids, 500 at a time; None for a task that does not exist."""
     out: dict[str, Task | None] = {}
     for start in range(0, len(task_ids), 500):
         chunk = task_ids[start : start + 500]
         results = await asyncio.gather(
-            *(engine.get(tenant, i) for i in chunk), return_exceptions=True
+            *(engine.tasks.get(tenant, i) for i in chunk), return_exceptions=True
         )
         for task_id, result in zip(chunk, results, strict=True):
             if isinstance(result, TaskNotFound):
@@ -556,7 +557,7 @@ async def create_20000(engine: Engine, tenant: str, queue: str, first_due: int) 
             )
             for i in range(start, start + 1000)
         ]
-        ids.extend(c.task_id for c in await engine.create_many(batch))
+        ids.extend(c.task_id for c in await engine.tasks.create_many(batch))
     assert len(set(ids)) == TASKS
     return ids
 

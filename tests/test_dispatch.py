@@ -7,11 +7,15 @@ import time
 from collections import Counter
 from typing import Any
 
+import pytest
+
 from tests.conftest import test_settings
 from tests.helpers import all_deliveries, running_scheduler
-from timewheel.engine import Engine, NewTask
+from timewheel.dispatch.tick import Dispatch
+from timewheel.engine import Engine
 from timewheel.models import Delivery, TickResult
 from timewheel.runs.worker import Worker
+from timewheel.tasks.model import NewTask
 
 
 def now_ms() -> int:
@@ -19,10 +23,10 @@ def now_ms() -> int:
 
 
 async def test_a_task_due_in_1_5_s_arrives_within_1_s_with_its_envelope(engine: Engine) -> None:
-    worker = Worker(engine, "acme", "default")
+    worker = Worker(engine.store, "acme", "default")
     await worker.ensure_groups()
     async with running_scheduler(engine):
-        res = await engine.create(
+        res = await engine.tasks.create(
             NewTask(tenant="acme", payload_json='{"job":"eval"}', delay_ms=1500)
         )
         deliveries: list[Delivery] = []
@@ -39,7 +43,7 @@ async def test_a_task_due_in_1_5_s_arrives_within_1_s_with_its_envelope(engine: 
     assert arrived_ms - d.due_ms < 1000  # read by the executor within a second of due
     assert d.payload == {"job": "eval"}
     assert await worker.ack(d)
-    assert (await engine.get("acme", res.task_id)).state == "succeeded"
+    assert (await engine.tasks.get("acme", res.task_id)).state == "succeeded"
 
 
 async def test_ten_thousand_runs_each_dispatched_exactly_once(engine: Engine) -> None:
@@ -52,7 +56,7 @@ async def test_ten_thousand_runs_each_dispatched_exactly_once(engine: Engine) ->
         ]
         created = []
         for i in range(0, len(batch), 1000):
-            created.extend(await engine.create_many(batch[i : i + 1000]))
+            created.extend(await engine.tasks.create_many(batch[i : i + 1000]))
         assert now_ms() < start, "creating took longer than the lead time"
         ids = {c.task_id for c in created}
         assert len(ids) == 10_000
@@ -75,10 +79,10 @@ async def test_far_future_tasks_are_promoted_and_dispatched_on_time(redis_url: s
         async with running_scheduler(engine) as scheduler:
             await asyncio.sleep(0.2)
             res = [
-                await engine.create(NewTask(tenant="acme", delay_ms=delay))
+                await engine.tasks.create(NewTask(tenant="acme", delay_ms=delay))
                 for delay in (2500, 3000, 3300)
             ]
-            shard = engine.shards_of("acme")[0]
+            shard = engine.store.shards_of("acme")[0]
             assert await engine.client.zcard(engine.keys.wheel(shard)) >= 1
             deadline = time.monotonic() + 8
             while scheduler.counters.dispatched < 3 and time.monotonic() < deadline:
@@ -95,10 +99,10 @@ async def test_far_future_tasks_are_promoted_and_dispatched_on_time(redis_url: s
 async def test_worker_reads_every_shard_of_a_spread_tenant(redis_url: str) -> None:
     engine = await Engine.connect(test_settings(redis_url, default_spread=4))
     try:
-        assert len(set(engine.shards_of("big"))) == 4
-        worker = Worker(engine, "big", "default", consumer="w1")
+        assert len(set(engine.store.shards_of("big"))) == 4
+        worker = Worker(engine.store, "big", "default", consumer="w1")
         await worker.ensure_groups()
-        created = await engine.create_many([NewTask(tenant="big", delay_ms=0) for _ in range(200)])
+        created = await engine.tasks.create_many([NewTask(tenant="big", delay_ms=0) for _ in range(200)])
         assert (
             len(
                 {
@@ -117,7 +121,7 @@ async def test_worker_reads_every_shard_of_a_spread_tenant(redis_url: str) -> No
         acked = [await worker.ack(d) for d in got]
         assert all(acked)
         assert not await worker.ack(got[0])  # a second ack changes nothing
-        states = {(await engine.get("big", c.task_id)).state for c in created}
+        states = {(await engine.tasks.get("big", c.task_id)).state for c in created}
         assert states == {"succeeded"}
         # Acknowledged entries are gone from the streams: nothing unacked is lost.
         assert sum([await engine.client.xlen(s) for s in worker.streams]) == 0
@@ -125,24 +129,26 @@ async def test_worker_reads_every_shard_of_a_spread_tenant(redis_url: str) -> No
         await engine.close()
 
 
-async def test_a_backlog_drains_in_bounded_pipelines_each_run_once(redis_url: str) -> None:
+async def test_a_backlog_drains_in_bounded_pipelines_each_run_once(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # 8 shards of 600 runs each, due now; ticks of 200 runs, pipelines expecting <= 400.
     engine = await Engine.connect(
         test_settings(redis_url, default_spread=8, tick_batch=200, tick_pipeline_runs=400)
     )
     pipelines: list[int] = []  # runs each pipeline of tick calls dispatched
-    tick_many = engine.tick_many
+    tick_many = Dispatch.tick_many
 
-    async def counted(shards: Any, *, node: str = "") -> Any:
-        out = await tick_many(shards, node=node)
+    async def counted(self: Dispatch, shards: Any, *, node: str = "") -> Any:
+        out = await tick_many(self, shards, node=node)
         pipelines.append(sum(r.dispatched for r in out if isinstance(r, TickResult)))
         return out
 
-    engine.tick_many = counted  # type: ignore[method-assign]
+    monkeypatch.setattr(Dispatch, "tick_many", counted)
     try:
         created = []
         for _ in range(6):
-            created += await engine.create_many([NewTask(tenant="big", delay_ms=0)] * 800)
+            created += await engine.tasks.create_many([NewTask(tenant="big", delay_ms=0)] * 800)
         async with running_scheduler(engine) as scheduler:
             deadline = time.monotonic() + 20
             while scheduler.counters.dispatched < 4800 and time.monotonic() < deadline:

@@ -9,9 +9,10 @@ from pathlib import Path
 
 from tests.conftest import test_settings
 from tests.helpers import all_deliveries, running_scheduler
-from timewheel.engine import Engine, NewTask
+from timewheel.engine import Engine
 from timewheel.errors import RedisUnavailable
 from timewheel.store.server import RedisServer
+from timewheel.tasks.model import NewTask
 
 
 async def test_acknowledged_creates_survive_kill_9_of_redis(tmp_path: Path) -> None:
@@ -34,7 +35,7 @@ async def test_acknowledged_creates_survive_kill_9_of_redis(tmp_path: Path) -> N
                     for i in range(50)
                 ]
                 try:
-                    results = await engine.create_many(batch)
+                    results = await engine.tasks.create_many(batch)
                     acknowledged.update(
                         (r.task_id, new.tenant) for r, new in zip(results, batch, strict=True)
                     )
@@ -54,7 +55,7 @@ async def test_acknowledged_creates_survive_kill_9_of_redis(tmp_path: Path) -> N
         assert set(acknowledged) <= set(counts), "an acknowledged create was lost"
         assert max(counts.values()) == 1
         for task_id, tenant in list(acknowledged.items())[::50]:
-            assert (await engine.get(tenant, task_id)).state == "dispatched"
+            assert (await engine.tasks.get(tenant, task_id)).state == "dispatched"
     finally:
         await engine.close()
         server.stop()

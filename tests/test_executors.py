@@ -20,13 +20,14 @@ from tests.helpers import running_scheduler
 from tests.nodes import settings_env
 from tests.test_engine import NOW, prime, tick_all
 from timewheel.archive.history import run_history
-from timewheel.engine import Engine, NewTask
+from timewheel.engine import Engine
 from timewheel.errors import PermanentError, TaskNotFound
 from timewheel.models import Delivery
 from timewheel.runs import dead_letters as deadletters
 from timewheel.runs.webhook import WebhookExecutor, retry_after_s
 from timewheel.runs.worker import Worker
 from timewheel.store.server import find_free_port
+from timewheel.tasks.model import NewTask
 
 
 @pytest.fixture
@@ -67,7 +68,7 @@ async def work_until(
 
 async def test_fails_twice_then_succeeds_with_backoff_between_attempts(fast: Engine) -> None:
     policy = {"max_attempts": 5, "initial_s": 0.4, "factor": 2.0, "jitter": "proportional"}
-    created = await fast.create(
+    created = await fast.tasks.create(
         NewTask(tenant="acme", delay_ms=0, payload_json='"x"', options={"retry": policy})
     )
     starts: list[tuple[int, float]] = []
@@ -78,13 +79,13 @@ async def test_fails_twice_then_succeeds_with_backoff_between_attempts(fast: Eng
         if d.attempt < 3:
             raise RuntimeError(f"flaky {d.attempt}")
 
-    worker = Worker(fast, "acme", "default")
+    worker = Worker(fast.store, "acme", "default")
     async with running_scheduler(fast):
         await work_until(worker, flaky, lambda: worker.handled == 1, 15)
     assert [a for a, _ in starts] == [1, 2, 3]
-    task = await fast.get("acme", created.task_id)
+    task = await fast.tasks.get("acme", created.task_id)
     assert (task.state, task.attempt, task.last_error) == ("succeeded", 3, "RuntimeError: flaky 2")
-    history = await run_history(fast, "acme", created.task_id)
+    history = await run_history(fast.store, "acme", created.task_id)
     assert [(e.kind, e.attempt) for e in history] == [
         ("created", None),
         ("dispatched", 1),
@@ -124,7 +125,7 @@ async def _retry_due(engine: Engine, run_id: str, attempt: int) -> int:
 
 async def test_exhausted_attempts_go_to_dead_letters_then_replay_and_purge(fast: Engine) -> None:
     options = {"retry": {"max_attempts": 2, "initial_s": 0.05}}
-    doomed = await fast.create(
+    doomed = await fast.tasks.create(
         NewTask(tenant="acme", delay_ms=0, payload_json='{"n":1}', options=options)
     )
     seen: list[int] = []
@@ -135,51 +136,51 @@ async def test_exhausted_attempts_go_to_dead_letters_then_replay_and_purge(fast:
         if not succeed:
             raise ValueError("boom")
 
-    worker = Worker(fast, "acme", "default")
+    worker = Worker(fast.store, "acme", "default")
     async with running_scheduler(fast):
         await work_until(worker, handler, lambda: worker.failed == 2, 10)
         assert seen == [1, 2]
-        task = await fast.get("acme", doomed.task_id)
+        task = await fast.tasks.get("acme", doomed.task_id)
         assert (task.state, task.last_error) == ("dead", "ValueError: boom")
-        dead, cursor = await deadletters.list_dead(fast, "acme")
+        dead, cursor = await deadletters.list_dead(fast.store, "acme")
         assert cursor is None and [d.run_id for d in dead] == [doomed.task_id]
         assert (dead[0].reason, dead[0].error, dead[0].attempt) == ("failed", "ValueError: boom", 2)
         assert dead[0].payload_json == '{"n":1}'
         # Another tenant cannot see, replay or purge it.
-        assert (await deadletters.list_dead(fast, "globex"))[0] == []
+        assert (await deadletters.list_dead(fast.store, "globex"))[0] == []
         with pytest.raises(TaskNotFound):
-            await deadletters.replay(fast, "globex", doomed.task_id)
+            await deadletters.replay(fast.store, "globex", doomed.task_id)
 
         succeed = True
-        await deadletters.replay(fast, "acme", doomed.task_id)
+        await deadletters.replay(fast.store, "acme", doomed.task_id)
         await work_until(worker, handler, lambda: worker.handled == 1, 10)
         assert seen == [1, 2, 1]  # replayed: attempt counting starts again
-        assert (await fast.get("acme", doomed.task_id)).state == "succeeded"
-        assert (await deadletters.list_dead(fast, "acme"))[0] == []
-        kinds = [e.kind for e in await run_history(fast, "acme", doomed.task_id)]
+        assert (await fast.tasks.get("acme", doomed.task_id)).state == "succeeded"
+        assert (await deadletters.list_dead(fast.store, "acme"))[0] == []
+        kinds = [e.kind for e in await run_history(fast.store, "acme", doomed.task_id)]
         assert kinds[-4:] == ["dead", "replayed", "dispatched", "acked"]
 
-        permanent = await fast.create(NewTask(tenant="acme", delay_ms=0))
+        permanent = await fast.tasks.create(NewTask(tenant="acme", delay_ms=0))
 
         async def refuse(d: Delivery) -> None:
             raise PermanentError("unknown customer")
 
         await work_until(worker, refuse, lambda: worker.failed == 3, 10)
-    dead, _ = await deadletters.list_dead(fast, "acme")
+    dead, _ = await deadletters.list_dead(fast.store, "acme")
     assert [(d.run_id, d.attempt) for d in dead] == [(permanent.task_id, 1)]
-    await deadletters.purge(fast, "acme", permanent.task_id)
-    assert (await deadletters.list_dead(fast, "acme"))[0] == []
+    await deadletters.purge(fast.store, "acme", permanent.task_id)
+    assert (await deadletters.list_dead(fast.store, "acme"))[0] == []
     with pytest.raises(TaskNotFound):
-        await fast.get("acme", permanent.task_id)
+        await fast.tasks.get("acme", permanent.task_id)
     with pytest.raises(TaskNotFound):
-        await deadletters.purge(fast, "acme", permanent.task_id)
+        await deadletters.purge(fast.store, "acme", permanent.task_id)
 
 
 async def test_a_killed_worker_s_run_is_retried_after_its_lease(
     fast: Engine, tmp_path: Path
 ) -> None:
     marker = tmp_path / "picked"
-    created = await fast.create(
+    created = await fast.tasks.create(
         NewTask(tenant="acme", queue="jobs", delay_ms=0, options={"visibility_timeout_s": 1.0})
     )
     env = {**settings_env(fast.settings), "TW_TEST_MARKER": str(marker)}
@@ -217,7 +218,7 @@ async def test_a_killed_worker_s_run_is_retried_after_its_lease(
             assert marker.read_text().split() == [created.task_id, "1"]
             victim.send_signal(signal.SIGKILL)
             victim.wait(10)
-            rescuer = Worker(fast, "acme", "jobs", consumer="rescuer")
+            rescuer = Worker(fast.store, "acme", "jobs", consumer="rescuer")
             await work_until(rescuer, finish, lambda: rescuer.handled == 1, 15)
     finally:
         if victim.poll() is None:
@@ -225,18 +226,18 @@ async def test_a_killed_worker_s_run_is_retried_after_its_lease(
             victim.wait()
         log.close()
     assert [(d.run_id, d.attempt) for d in seen] == [(created.task_id, 2)]
-    task = await fast.get("acme", created.task_id)
+    task = await fast.tasks.get("acme", created.task_id)
     assert (task.state, task.attempt) == ("succeeded", 2)
     reasons = [
         e.reason
-        for e in await run_history(fast, "acme", created.task_id)
+        for e in await run_history(fast.store, "acme", created.task_id)
         if e.kind == "retry_scheduled"
     ]
     assert reasons == ["lease_expired"]
 
 
 async def test_heartbeat_keeps_a_long_handler_s_lease(fast: Engine) -> None:
-    created = await fast.create(
+    created = await fast.tasks.create(
         NewTask(tenant="acme", delay_ms=0, options={"visibility_timeout_s": 0.6})
     )
     attempts: list[int] = []
@@ -246,31 +247,31 @@ async def test_heartbeat_keeps_a_long_handler_s_lease(fast: Engine) -> None:
         assert d.visibility_timeout_ms == 600
         await asyncio.sleep(1.8)  # three times the visibility timeout
 
-    worker = Worker(fast, "acme", "default")
+    worker = Worker(fast.store, "acme", "default")
     async with running_scheduler(fast) as scheduler:
         await work_until(worker, slow, lambda: worker.handled == 1, 15)
         await asyncio.sleep(0.3)
     assert attempts == [1]
     assert scheduler.counters.reaped == 0
-    task = await fast.get("acme", created.task_id)
+    task = await fast.tasks.get("acme", created.task_id)
     assert (task.state, task.attempt) == ("succeeded", 1)
 
 
 async def test_a_run_past_expires_at_is_dead_lettered_not_dispatched(engine: Engine) -> None:
     await prime(engine)
-    late = await engine.create(
+    late = await engine.tasks.create(
         NewTask(tenant="acme", run_at_ms=NOW + 100, options={"expires_at_ms": NOW + 500}),
         now_ms=NOW,
     )
-    fine = await engine.create(
+    fine = await engine.tasks.create(
         NewTask(tenant="acme", run_at_ms=NOW + 100, options={"expires_at_ms": NOW + 5000}),
         now_ms=NOW,
     )
     assert await tick_all(engine, NOW + 1000) == 1
-    assert (await engine.get("acme", fine.task_id)).state == "dispatched"
-    dead, _ = await deadletters.list_dead(engine, "acme")
+    assert (await engine.tasks.get("acme", fine.task_id)).state == "dispatched"
+    dead, _ = await deadletters.list_dead(engine.store, "acme")
     assert [(d.run_id, d.reason) for d in dead] == [(late.task_id, "expired")]
-    assert (await engine.get("acme", late.task_id)).state == "dead"
+    assert (await engine.tasks.get("acme", late.task_id)).state == "dead"
 
 
 class _Hooks(BaseHTTPRequestHandler):
@@ -298,7 +299,7 @@ async def test_webhook_retries_500_and_503_with_retry_after_then_acks_200(fast: 
     server = ThreadingHTTPServer(("127.0.0.1", port), _Hooks)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    created = await fast.create(
+    created = await fast.tasks.create(
         NewTask(
             tenant="acme",
             queue="hooks",
@@ -307,7 +308,7 @@ async def test_webhook_retries_500_and_503_with_retry_after_then_acks_200(fast: 
             options={"retry": {"initial_s": 0.1, "jitter": "none"}},
         )
     )
-    hook = WebhookExecutor(fast, "acme", "hooks", url=f"http://127.0.0.1:{port}/hook", timeout_s=5)
+    hook = WebhookExecutor(fast.store, "acme", "hooks", url=f"http://127.0.0.1:{port}/hook", timeout_s=5)
     try:
         async with running_scheduler(fast):
             await work_until(hook.worker, hook.deliver, lambda: hook.worker.handled == 1, 15)
@@ -321,7 +322,7 @@ async def test_webhook_retries_500_and_503_with_retry_after_then_acks_200(fast: 
     assert [h["x-timewheel-attempt"] for _, h, _ in _Hooks.seen] == ["1", "2", "3"]
     assert {body for _, _, body in _Hooks.seen} == {b'{"event":"paid"}'}
     assert _Hooks.seen[2][0] - _Hooks.seen[1][0] >= 0.95  # Retry-After: 1 was honoured
-    task = await fast.get("acme", created.task_id)
+    task = await fast.tasks.get("acme", created.task_id)
     assert (task.state, task.attempt) == ("succeeded", 3)
 
 
@@ -333,7 +334,7 @@ def test_retry_after_header_forms() -> None:
 
 async def test_streams_stay_bounded_over_100000_acked_runs(standalone_url: str) -> None:
     engine = await Engine.connect(test_settings(standalone_url, shards=4))
-    worker = Worker(engine, "bulk", "default", concurrency=200)
+    worker = Worker(engine.store, "bulk", "default", concurrency=200)
     longest = 0
 
     async def noop(d: Delivery) -> None:
@@ -344,7 +345,7 @@ async def test_streams_stay_bounded_over_100000_acked_runs(standalone_url: str) 
             stop = asyncio.Event()
             task = asyncio.create_task(worker.run(noop, stop))
             for _ in range(20):  # created while the worker consumes
-                await engine.create_many([NewTask(tenant="bulk", delay_ms=0)] * 5000)
+                await engine.tasks.create_many([NewTask(tenant="bulk", delay_ms=0)] * 5000)
                 longest = max(longest, sum([await engine.client.xlen(s) for s in worker.streams]))
             deadline = time.monotonic() + 90
             while worker.handled < 100_000:
@@ -366,26 +367,26 @@ async def test_reaper_pages_past_entries_with_longer_timeouts(fast: Engine) -> N
     """Entries idle past the minimum but inside their own long timeout do not hide others."""
     await prime(fast, NOW)
     patient = [
-        await fast.create(
+        await fast.tasks.create(
             NewTask(tenant="acme", run_at_ms=NOW, options={"visibility_timeout_s": 3600}),
             now_ms=NOW,
         )
         for _ in range(600)
     ]
     # Due a millisecond later, so it is dispatched last: the 601st pending entry.
-    hasty = await fast.create(
+    hasty = await fast.tasks.create(
         NewTask(tenant="acme", run_at_ms=NOW + 1, options={"visibility_timeout_s": 0.2}), now_ms=NOW
     )
-    shard = fast.shards_of("acme")[0]
-    while (await fast.tick(shard, now_ms=NOW + 1, limit=1000)).dispatched:
+    shard = fast.store.shards_of("acme")[0]
+    while (await fast.dispatch.tick(shard, now_ms=NOW + 1, limit=1000)).dispatched:
         pass
-    worker = Worker(fast, "acme", "default", consumer="sleepy")
+    worker = Worker(fast.store, "acme", "default", consumer="sleepy")
     got = await worker.read(count=1000, block_ms=100)
     assert len(got) == 601
     await asyncio.sleep(0.3)
     retried = 0
     for _ in range(3):  # 500 entries examined per call: the hasty one is in the 2nd page
-        retried += (await fast.reap(shard))[0]
+        retried += (await fast.dispatch.reap(shard)).retried
     assert retried == 1
-    assert (await fast.get("acme", hasty.task_id)).state == "scheduled"
-    assert {(await fast.get("acme", p.task_id)).state for p in patient[:5]} == {"dispatched"}
+    assert (await fast.tasks.get("acme", hasty.task_id)).state == "scheduled"
+    assert {(await fast.tasks.get("acme", p.task_id)).state for p in patient[:5]} == {"dispatched"}

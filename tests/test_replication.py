@@ -17,9 +17,10 @@ from tests.conftest import test_settings
 from tests.helpers import all_deliveries, running_scheduler
 from tests.test_api import tenant_headers
 from timewheel.api import create_app
-from timewheel.engine import Engine, NewTask
+from timewheel.engine import Engine
 from timewheel.errors import RedisUnavailable, ReplicasBehind
 from timewheel.store.server import RedisClusterServers, RedisServer
+from timewheel.tasks.model import NewTask
 
 
 def sync_client(server: RedisServer) -> redis.Redis:
@@ -50,8 +51,8 @@ async def test_writes_wait_for_a_replica_and_answer_503_without_one(
     primary, replica = primary_and_replica
     engine = await Engine.connect(test_settings(primary.url, replica_wait_ms=300))
     try:
-        assert engine.replicas_ack == 1  # auto: the primary has a replica
-        made = await engine.create(NewTask(tenant="a", delay_ms=60_000, payload_json='"x"'))
+        assert engine.store.replicas_ack == 1  # auto: the primary has a replica
+        made = await engine.tasks.create(NewTask(tenant="a", delay_ms=60_000, payload_json='"x"'))
         assert made.created
         # The write is on the replica once the create answered.
         raw = sync_client(replica).hget(
@@ -72,14 +73,14 @@ async def test_writes_wait_for_a_replica_and_answer_503_without_one(
             assert slow.status_code == 503, slow.text
             assert slow.json()["error"]["code"] == "unavailable"
             with pytest.raises(ReplicasBehind):
-                await engine.cancel("a", made.task_id)
+                await engine.tasks.cancel("a", made.task_id)
             await asyncio.sleep(3.2)  # the replica acks again
             again = await http.post(
                 "/v1/tasks", json=body, headers={**headers, "Idempotency-Key": "k1"}
             )
             # The first try ran on the primary: the retry finds it, it is not doubled.
             assert again.status_code == 200, again.text
-        assert (await engine.get("a", made.task_id)).state == "cancelled"
+        assert (await engine.tasks.get("a", made.task_id)).state == "cancelled"
     finally:
         await engine.close()
 
@@ -98,7 +99,7 @@ async def test_no_acknowledged_create_is_lost_when_a_cluster_primary_dies(
         acked: dict[str, str] = {}
         failed = 0
         try:
-            assert engine.replicas_ack == 1
+            assert engine.store.replicas_ack == 1
             victim = next(
                 s for s in cluster.servers[:3] if s.url != cluster.url
             )  # a primary other than the one the client was given
@@ -118,7 +119,7 @@ async def test_no_acknowledged_create_is_lost_when_a_cluster_primary_dies(
                         for i in range(20)
                     ]
                     try:
-                        for new, res in zip(batch, await engine.create_many(batch), strict=True):
+                        for new, res in zip(batch, await engine.tasks.create_many(batch), strict=True):
                             acked[res.task_id] = new.tenant
                     except RedisUnavailable:
                         failed += 1  # not acknowledged; a client would retry with its key
@@ -135,6 +136,6 @@ async def test_no_acknowledged_create_is_lost_when_a_cluster_primary_dies(
                     )
                     await asyncio.sleep(0.3)
             for task_id, tenant in acked.items():
-                assert (await engine.get(tenant, task_id)).state == "dispatched"
+                assert (await engine.tasks.get(tenant, task_id)).state == "dispatched"
         finally:
             await engine.close()

@@ -11,7 +11,7 @@ import pytest
 from tests.test_schedules import NOW, create, engine, events, every, run_at
 from timewheel.engine import Engine
 from timewheel.errors import ValidationError
-from timewheel.schedules.ops import NewSchedule, ScheduleChanges
+from timewheel.schedules.model import NewSchedule, ScheduleChanges
 from timewheel.schedules.spec import ScheduleSpec
 from timewheel.tasks.window import offset_ms
 
@@ -21,14 +21,14 @@ __all__ = ["engine"]
 async def test_runs_are_due_their_schedules_offset_after_each_fire_time(engine: Engine) -> None:
     sid = await create(engine, every(10), options={"jitter_s": 4})
     offset = offset_ms(sid, 4000)
-    sched = await engine.get_schedule("acme", sid)
+    sched = await engine.schedules.get("acme", sid)
     assert sched.options == {"jitter_s": 4, "jitter_offset_ms": offset}
     assert sched.next_run_ms == NOW + 10_000 + offset  # the time the run is due
     if offset > 0:
         assert await run_at(engine, NOW + 10_000 + offset - 1) == []
     got = await run_at(engine, NOW + 10_000 + offset)
     assert [(d.run_id, d.due_ms) for d in got] == [(f"{sid}@{NOW + 10_000}", NOW + 10_000 + offset)]
-    run = await engine.get("acme", f"{sid}@{NOW + 10_000}")
+    run = await engine.tasks.get("acme", f"{sid}@{NOW + 10_000}")
     assert run.due_ms == NOW + 10_000 + offset
     assert "jitter_s" not in run.options and "jitter_offset_ms" not in run.options
     got = await run_at(engine, NOW + 20_000 + offset)  # still evenly spaced, 10 s apart
@@ -41,7 +41,7 @@ async def test_a_cron_herd_is_spread_over_the_jitter(engine: Engine) -> None:
     spec = ScheduleSpec(cron="*/5 * * * *", timezone="UTC")
     dues = []
     for _ in range(200):
-        sched, _ = await engine.create_schedule(
+        sched, _ = await engine.schedules.create(
             NewSchedule(tenant="herd", spec=spec, options={"jitter_s": 60}), now_ms=NOW
         )
         assert sched.next_run_ms is not None
@@ -68,13 +68,13 @@ async def test_latest_catch_up_counts_lateness_from_the_jittered_time(engine: En
 
 async def test_changing_jitter_moves_the_pending_runs(engine: Engine) -> None:
     sid = await create(engine, every(10))
-    before = await engine.get_schedule("acme", sid)
+    before = await engine.schedules.get("acme", sid)
     assert before.next_run_ms == NOW + 10_000 and "jitter_offset_ms" not in before.options
-    after = await engine.update_schedule(
+    after = await engine.schedules.update(
         "acme", sid, ScheduleChanges(options={"jitter_s": 5}), now_ms=NOW
     )
     assert after.next_run_ms == NOW + 10_000 + offset_ms(sid, 5000)
-    off = await engine.update_schedule(
+    off = await engine.schedules.update(
         "acme", sid, ScheduleChanges(options={"jitter_s": 0}), now_ms=NOW
     )
     assert off.next_run_ms == NOW + 10_000 and "jitter_offset_ms" not in off.options
@@ -83,7 +83,7 @@ async def test_changing_jitter_moves_the_pending_runs(engine: Engine) -> None:
 @pytest.mark.parametrize("jitter", [-1, "5", 86_401])
 async def test_a_bad_jitter_is_refused(engine: Engine, jitter: object) -> None:
     with pytest.raises(ValidationError) as bad:
-        await engine.create_schedule(
+        await engine.schedules.create(
             NewSchedule(tenant="acme", spec=every(10), options={"jitter_s": jitter}), now_ms=NOW
         )
     assert bad.value.field == "jitter_s"

@@ -11,7 +11,7 @@ from tests.test_schedules import NOW, every
 from timewheel.engine import Engine
 from timewheel.errors import ValidationError
 from timewheel.schedules.listing import list_schedules
-from timewheel.schedules.ops import NewSchedule
+from timewheel.schedules.model import NewSchedule
 
 
 @pytest.fixture
@@ -27,7 +27,7 @@ async def spread_engine(redis_url: str) -> AsyncIterator[Engine]:
 async def _make(engine: Engine, tenant: str, n: int) -> set[str]:
     out = set()
     for _ in range(n):
-        sched, _ = await engine.create_schedule(
+        sched, _ = await engine.schedules.create(
             NewSchedule(tenant=tenant, spec=every(60)), now_ms=NOW
         )
         out.add(sched.id)
@@ -38,7 +38,7 @@ async def _all_pages(engine: Engine, tenant: str, limit: int) -> list[str]:
     ids: list[str] = []
     cursor = None
     for _ in range(100):
-        items, cursor = await list_schedules(engine, tenant, limit=limit, cursor=cursor)
+        items, cursor = await list_schedules(engine.store, tenant, limit=limit, cursor=cursor)
         assert len(items) <= limit
         assert all(s.tenant == tenant for s in items)
         ids.extend(s.id for s in items)
@@ -54,7 +54,7 @@ async def test_pages_hold_each_schedule_of_the_tenant_once(spread_engine: Engine
     neighbours = [
         t
         for t in (f"n{i}" for i in range(500))
-        if set(engine.shards_of(t)) & set(engine.shards_of("acme"))
+        if set(engine.store.shards_of(t)) & set(engine.store.shards_of("acme"))
     ][:3]
     for t in neighbours:
         await _make(engine, t, 2)
@@ -62,7 +62,7 @@ async def test_pages_hold_each_schedule_of_the_tenant_once(spread_engine: Engine
         ids = await _all_pages(engine, "acme", limit)
         assert sorted(ids) == sorted(mine), limit
     gone = sorted(mine)[0]
-    await engine.delete_schedule("acme", gone, now_ms=NOW)
+    await engine.schedules.delete("acme", gone, now_ms=NOW)
     assert sorted(await _all_pages(engine, "acme", 3)) == sorted(mine - {gone})
     assert await _all_pages(engine, "nobody", 10) == []
 
@@ -70,5 +70,5 @@ async def test_pages_hold_each_schedule_of_the_tenant_once(spread_engine: Engine
 async def test_a_foreign_or_bad_cursor_is_refused(spread_engine: Engine) -> None:
     for bad in ("x", "1", "a.b.c"):
         with pytest.raises(ValidationError) as err:
-            await list_schedules(spread_engine, "acme", cursor=bad)
+            await list_schedules(spread_engine.store, "acme", cursor=bad)
         assert err.value.field == "cursor"

@@ -17,7 +17,7 @@ from timewheel.dispatch.scheduler import Scheduler
 from timewheel.engine import Engine
 from timewheel.models import Delivery
 from timewheel.runs.worker import Worker
-from timewheel.schedules.ops import NewSchedule
+from timewheel.schedules.model import NewSchedule
 from timewheel.schedules.spec import ScheduleSpec, fire_times
 
 MISFIRE_MS = 1_000
@@ -49,7 +49,7 @@ async def skipped(engine: Engine, sid: str, reason: str) -> list[int]:
 async def test_missed_fire_times_follow_catchup_after_all_schedulers_stop(
     engine: Engine, catchup: str
 ) -> None:
-    sched, _ = await engine.create_schedule(
+    sched, _ = await engine.schedules.create(
         NewSchedule(tenant="acme", spec=ScheduleSpec(every_s=1), catchup=catchup)
     )
     async with running_scheduler(engine):
@@ -76,7 +76,7 @@ async def test_missed_fire_times_follow_catchup_after_all_schedulers_stop(
 
 @pytest.mark.parametrize("overlap", ["skip", "buffer_one"])
 async def test_overlap_with_a_slow_executor(engine: Engine, overlap: str) -> None:
-    sched, _ = await engine.create_schedule(
+    sched, _ = await engine.schedules.create(
         NewSchedule(tenant="acme", spec=ScheduleSpec(every_s=1), overlap=overlap)
     )
     spans: list[tuple[float, float]] = []
@@ -86,7 +86,7 @@ async def test_overlap_with_a_slow_executor(engine: Engine, overlap: str) -> Non
         await asyncio.sleep(2.2)
         spans.append((started, time.monotonic()))
 
-    worker = Worker(engine, "acme", "default", concurrency=4)
+    worker = Worker(engine.store, "acme", "default", concurrency=4)
     stop = asyncio.Event()
     async with running_scheduler(engine):
         working = asyncio.create_task(worker.run(slow, stop))
@@ -108,7 +108,7 @@ async def test_overlap_with_a_slow_executor(engine: Engine, overlap: str) -> Non
         # A held run goes out right after the run before it finishes: back to back.
         assert min(b[0] - a[1] for a, b in pairwise(spans)) < 0.5
         # Never more than one held: every held run but the newest has been sent.
-        states = [(await engine.get("acme", run_id)).state for run_id in held]
+        states = [(await engine.tasks.get("acme", run_id)).state for run_id in held]
         assert set(states[:-1]) <= {"succeeded", "dispatched"}, states
 
 
@@ -123,12 +123,12 @@ async def test_a_planner_behind_catches_up_and_no_shard_waits_behind_others(
     )
     try:
         made = [
-            await engine.create_schedule(NewSchedule(tenant=f"t{i}", spec=ScheduleSpec(every_s=1)))
+            await engine.schedules.create(NewSchedule(tenant=f"t{i}", spec=ScheduleSpec(every_s=1)))
             for i in range(16)
         ]
         cursors = {s.id: await cursor(engine, s.id) for s, _ in made}
         shards = sorted({int(s.id[:3], 16) for s, _ in made})
-        scheduler = Scheduler(engine)
+        scheduler = Scheduler(engine.store)
         now = time.time() * 1000
 
         # Keeping up: one batch per pass, and the next pass starts where this one stopped.

@@ -21,7 +21,7 @@ import pytest
 from tests.conftest import test_settings
 from tests.helpers import all_deliveries, running_scheduler
 from timewheel.engine import Engine
-from timewheel.schedules.ops import NewSchedule
+from timewheel.schedules.model import NewSchedule
 from timewheel.schedules.spec import ScheduleSpec, fire_times
 
 SCHEDULES = 5_000
@@ -46,7 +46,7 @@ async def test_five_thousand_every_second_schedules_miss_nothing(engine: Engine)
         for low in range(0, SCHEDULES, 500):
             made = await asyncio.gather(
                 *(
-                    engine.create_schedule(
+                    engine.schedules.create(
                         NewSchedule(tenant=f"t{i % 50}", spec=ScheduleSpec(every_s=1))
                     )
                     for i in range(low, low + 500)

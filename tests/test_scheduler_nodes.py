@@ -17,8 +17,9 @@ from tests.conftest import test_settings
 from tests.helpers import all_deliveries
 from tests.nodes import Fleet, NodeProcess
 from timewheel.config import Settings
-from timewheel.engine import Engine, NewTask
+from timewheel.engine import Engine
 from timewheel.store.server import find_free_port
+from timewheel.tasks.model import NewTask
 
 TTL_MS = 2000
 
@@ -89,7 +90,7 @@ def tenants_for(engine: Engine, shards: set[int], per_shard: int = 1) -> list[st
     i = 0
     while any(len(v) < per_shard for v in found.values()):
         name = f"tn{i}"
-        shard = engine.shards_of(name)[0]
+        shard = engine.store.shards_of(name)[0]
         if shard in found and len(found[shard]) < per_shard:
             found[shard].append(name)
         i += 1
@@ -119,7 +120,7 @@ async def test_three_nodes_dispatch_30000_runs_exactly_once_and_on_time(
                     )
                     for i in range(3000)
                 ]
-                created.extend(await engine.create_many(chunk))
+                created.extend(await engine.tasks.create_many(chunk))
                 assert now_ms() < base, "creating fell behind the due times"
             ids = {c.task_id for c in created}
             assert len(ids) == 30_000
@@ -160,7 +161,7 @@ async def test_kill_9_of_a_node_loses_nothing_and_others_resume_within_ttl(
                     NewTask(tenant=tenants[(step * 40 + i) % len(tenants)], delay_ms=1000)
                     for i in range(40)
                 ]
-                created.extend(await engine.create_many(batch))
+                created.extend(await engine.tasks.create_many(batch))
                 step += 1
                 if not killed_at and time.monotonic() - begin > 3:
                     fleet["k2"].signal(signal.SIGKILL)
@@ -203,7 +204,7 @@ async def test_a_frozen_node_is_fenced_out_of_the_shards_it_lost(
             assert lost
             due = now_ms() + 4000
             tenants = tenants_for(engine, set(lost))
-            created = await engine.create_many(
+            created = await engine.tasks.create_many(
                 [NewTask(tenant=t, run_at_ms=due) for t in tenants for _ in range(20)]
             )
             await asyncio.sleep(0.3)  # fa learns (wake-up, tick) that its shards are due at T
@@ -267,7 +268,7 @@ async def test_a_node_serves_prometheus_metrics(standalone_url: str, tmp_path: P
     try:
         node.wait_started()
         await wait_until(lambda: balanced(engine, {"m1"}), 10, "m1 to hold every shard")
-        await engine.create_many([NewTask(tenant="metered", delay_ms=0) for _ in range(25)])
+        await engine.tasks.create_many([NewTask(tenant="metered", delay_ms=0) for _ in range(25)])
 
         async def counted() -> bool:
             text = httpx.get(f"http://127.0.0.1:{port}/metrics").text

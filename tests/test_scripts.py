@@ -11,7 +11,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from tests.conftest import test_settings
-from timewheel.engine import Engine, NewTask
+from timewheel.engine import Engine
 from timewheel.errors import ConfigError
 from timewheel.store.library import (
     OPERATIONS,
@@ -21,7 +21,9 @@ from timewheel.store.library import (
     header_codes,
     lua_dir,
 )
-from timewheel.store.record import FIELDS, TaskState
+from timewheel.store.record import FIELDS
+from timewheel.tasks.model import NewTask
+from timewheel.types import TaskState
 
 
 def test_every_operation_has_a_contract_header() -> None:
@@ -121,11 +123,11 @@ async def test_a_server_without_the_library_gets_it_on_first_call(standalone_url
     engine = await Engine.connect(test_settings(standalone_url, shards=1))
     try:
         await engine.client.execute_command("FUNCTION", "FLUSH")
-        [made] = await engine.create_many([NewTask(tenant="a", delay_ms=60_000)])
-        assert (await engine.get("a", made.task_id)).state == "scheduled"
+        [made] = await engine.tasks.create_many([NewTask(tenant="a", delay_ms=60_000)])
+        assert (await engine.tasks.get("a", made.task_id)).state == "scheduled"
         await engine.client.execute_command("FUNCTION", "FLUSH")
-        await engine.cancel("a", made.task_id)
-        assert (await engine.get("a", made.task_id)).state == "cancelled"
+        await engine.tasks.cancel("a", made.task_id)
+        assert (await engine.tasks.get("a", made.task_id)).state == "cancelled"
     finally:
         await engine.close()
 

@@ -252,7 +252,7 @@ async def _dead_task(client: TenantClient, engine: Engine, tenant: str) -> str:
     await prime(engine, now)
     task = client.create_task(delay=0, payload={"k": 1})
     assert await tick_all(engine, now + 1000) >= 1
-    worker = Worker(engine, tenant, "default")
+    worker = Worker(engine.store, tenant, "default")
     deliveries = await worker.read(count=10, block_ms=100)
     for delivery in deliveries:
         await worker.fail(delivery, "boom", permanent=True)

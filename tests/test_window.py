@@ -8,8 +8,9 @@ from collections import Counter
 import pytest
 
 from tests.test_engine import NOW
-from timewheel.engine import Engine, NewTask
+from timewheel.engine import Engine
 from timewheel.errors import ValidationError
+from timewheel.tasks.model import NewTask
 
 
 async def test_a_window_spreads_a_herd_evenly_over_it(engine: Engine) -> None:
@@ -18,7 +19,7 @@ async def test_a_window_spreads_a_herd_evenly_over_it(engine: Engine) -> None:
         NewTask(tenant="herd", run_at_ms=run_at, options={"window_s": window_ms / 1000})
         for _ in range(3000)
     ]
-    created = await engine.create_many(herd)
+    created = await engine.tasks.create_many(herd)
     due = [c.due_ms for c in created]
     assert all(run_at <= d <= run_at + window_ms for d in due)
     # Six 10 s slices of the window: ~500 each (binomial sd ~20); a herd at one instant
@@ -27,7 +28,7 @@ async def test_a_window_spreads_a_herd_evenly_over_it(engine: Engine) -> None:
     assert sorted(slices) == [0, 1, 2, 3, 4, 5]
     assert all(380 <= n <= 620 for n in slices.values()), slices
     assert len(set(due)) > 2500
-    task = await engine.get("herd", created[0].task_id)
+    task = await engine.tasks.get("herd", created[0].task_id)
     assert task.due_ms == created[0].due_ms  # the time chosen is the task's due time
 
 
@@ -40,17 +41,17 @@ async def test_a_window_keeps_an_idempotent_create_at_one_time(engine: Engine) -
             options={"window_s": 3600},
         )
 
-    first = await engine.create(new())
-    again = await engine.create(new())
+    first = await engine.tasks.create(new())
+    again = await engine.tasks.create(new())
     assert not again.created and again.task_id == first.task_id
     assert again.due_ms == first.due_ms
-    plain = await engine.create(NewTask(tenant="idem", run_at_ms=NOW + 5000))
+    plain = await engine.tasks.create(NewTask(tenant="idem", run_at_ms=NOW + 5000))
     assert plain.due_ms == NOW + 5000  # no window, no spread
 
 
 async def test_a_window_applies_to_a_delay_too(engine: Engine) -> None:
     res = [
-        await engine.create(
+        await engine.tasks.create(
             NewTask(tenant="later", delay_ms=1000, options={"window_s": 10}), now_ms=NOW
         )
         for _ in range(50)
@@ -62,7 +63,7 @@ async def test_a_window_applies_to_a_delay_too(engine: Engine) -> None:
 @pytest.mark.parametrize("window", [-1, "60", True, 86_401, float("nan")])
 async def test_a_bad_window_is_refused(engine: Engine, window: object) -> None:
     with pytest.raises(ValidationError) as bad:
-        await engine.create(
+        await engine.tasks.create(
             NewTask(tenant="bad", run_at_ms=NOW + 1000, options={"window_s": window})
         )
     assert bad.value.field == "window_s"

@@ -1,6 +1,7 @@
 """timewheel: multi-tenant, durable, distributed task scheduling on Redis."""
 
 from timewheel.config import Settings
+from timewheel.dispatch.tick import TickResult
 from timewheel.engine import Engine, NewTask
 from timewheel.errors import (
     ConfigError,
@@ -14,8 +15,10 @@ from timewheel.errors import (
     TimewheelError,
     ValidationError,
 )
-from timewheel.models import CreateResult, Delivery, Task, TickResult
-from timewheel.runs.worker import Retry, Worker, run_worker
+from timewheel.runs.delivery import Delivery
+from timewheel.runs.signals import Retry
+from timewheel.runs.worker import Worker, run_worker
+from timewheel.tasks.model import CreateResult, Task
 
 __version__ = "0.1.0"
 

@@ -5,29 +5,20 @@
     │   └── RestoreRefused        restore would write into a Redis that already holds data
     ├── PermanentError            raised by a handler: the run cannot succeed, dead-letter it
     ├── RedisUnavailable          Redis could not be reached or answered with a server error
+    │   └── ReplicasBehind        a write ran, but too few replicas confirmed it in time
     ├── Unauthorized              no API key, or one that is unknown or revoked (HTTP 401)
     ├── Forbidden                 the key's role does not allow the endpoint (HTTP 403)
-    ├── NotFound                  no such tenant or key (HTTP 404)
-    ├── Conflict                  the thing to create exists already (HTTP 409)
+    ├── NotFound                  no such tenant, key, task or schedule (HTTP 404)
+    │   └── TaskNotFound          no such task or schedule for this tenant
+    ├── Conflict                  the change cannot be made as things are (HTTP 409)
+    │   └── InvalidState          the task is not in a state that allows the change
     ├── OverLimit                 the tenant is over one of its limits (HTTP 429)
-    ├── ApiError                  the SDK: the server answered 4xx/5xx (timewheel.client)
-    │   ├── BadRequestError       400 malformed JSON
-    │   ├── AuthenticationError   401
-    │   ├── PermissionDeniedError 403
-    │   ├── NotFoundError         404
-    │   ├── ConflictError         409
-    │   ├── PayloadTooLargeError  413
-    │   ├── UnprocessableError    422 a field is invalid (`field` names it)
-    │   ├── RateLimitedError      429 (`retry_after_s`)
-    │   └── ServerError           5xx
-    ├── TransportError            the SDK could not reach the server (after its retries)
+    ├── ApiError, TransportError  the SDK's errors (timewheel/sdk/errors.py)
     ├── PostgresUnavailable       PostgreSQL could not be reached or a statement failed
     ├── ValidationError           a request field is malformed (HTTP 400/413/422)
     │   ├── PayloadTooLarge       payload over the configured limit (HTTP 413)
     │   └── InvalidSchedule       a cron expression, time zone or time window cannot work
-    └── ScriptError               a Lua operation returned an expected negative outcome
-        ├── TaskNotFound          no such task for this tenant (HTTP 404)
-        ├── InvalidState          the task is not in a state that allows the change (HTTP 409)
+    └── ScriptError               a Lua operation answered what its caller cannot use
         └── LeaseLost             the caller no longer holds the shard lease (scheduler)
 
 Each exception names the value it is about. `timewheel.api.errors` maps this tree to
@@ -97,7 +88,20 @@ class ScriptError(TimewheelError):
     code = "script_error"
 
 
-class TaskNotFound(ScriptError):
+class NotFound(TimewheelError):
+    """Raised when a tenant, an API key id, a task or a schedule is unknown."""
+
+    code = "not_found"
+
+
+class Conflict(TimewheelError):
+    """Raised when a change conflicts with what is stored: a tenant id taken, a task past
+    the state the change needs."""
+
+    code = "conflict"
+
+
+class TaskNotFound(NotFound):
     """Raised when a task id is unknown, or belongs to another tenant (never distinguished)."""
 
     code = "not_found"
@@ -107,7 +111,7 @@ class TaskNotFound(ScriptError):
         self.task_id = task_id
 
 
-class InvalidState(ScriptError):
+class InvalidState(Conflict):
     """Raised when a change needs state `scheduled` (cancel, reschedule) but the task is past it."""
 
     code = "invalid_state"
@@ -141,18 +145,6 @@ class Forbidden(TimewheelError):
     code = "forbidden"
 
 
-class NotFound(TimewheelError):
-    """Raised when a tenant or an API key id is unknown (tasks have TaskNotFound)."""
-
-    code = "not_found"
-
-
-class Conflict(TimewheelError):
-    """Raised when creating something whose id exists already (a tenant)."""
-
-    code = "conflict"
-
-
 class OverLimit(TimewheelError):
     """Raised when a tenant is over one of its limits; `retry_after_s` says when to retry."""
 
@@ -164,59 +156,51 @@ class OverLimit(TimewheelError):
         self.field = field
 
 
-class ApiError(TimewheelError):
-    """Raised by the SDK (timewheel.client) when the API answers with an error status."""
+# The SDK's errors (what a client of the HTTP API sees) live with the SDK; they are
+# importable from here as well, as users write `from timewheel.errors import ConflictError`.
+from timewheel.sdk.errors import (  # noqa: E402
+    ApiError,
+    AuthenticationError,
+    BadRequestError,
+    ConflictError,
+    NotFoundError,
+    PayloadTooLargeError,
+    PermissionDeniedError,
+    RateLimitedError,
+    ServerError,
+    TransportError,
+    UnprocessableError,
+)
 
-    def __init__(self, status: int, code: str, message: str, field: str | None = None):
-        super().__init__(f"{status} {code}: {message}" + (f" (field {field})" if field else ""))
-        self.status = status
-        self.code = code
-        self.message = message
-        self.field = field
-
-
-class BadRequestError(ApiError):
-    """400: the request body is not a JSON object."""
-
-
-class AuthenticationError(ApiError):
-    """401: no API key, or an unknown or revoked one."""
-
-
-class PermissionDeniedError(ApiError):
-    """403: the key may not use this endpoint (admin only)."""
-
-
-class NotFoundError(ApiError):
-    """404: unknown id, or another tenant's (never distinguished)."""
-
-
-class ConflictError(ApiError):
-    """409: the task is past the state the change needs, or the tenant exists."""
-
-
-class PayloadTooLargeError(ApiError):
-    """413: the payload is over the deployment's or the tenant's limit."""
-
-
-class UnprocessableError(ApiError):
-    """422: a field is invalid; `field` names it."""
-
-
-class RateLimitedError(ApiError):
-    """429: the tenant is over a limit; retry after `retry_after_s` seconds."""
-
-    def __init__(
-        self, status: int, code: str, message: str, field: str | None = None,
-        retry_after_s: float | None = None,
-    ):
-        super().__init__(status, code, message, field)
-        self.retry_after_s = retry_after_s
-
-
-class ServerError(ApiError):
-    """5xx: the server failed (or Redis is unavailable: 503)."""
-
-
-class TransportError(TimewheelError):
-    """Raised by the SDK when the server cannot be reached (after retrying idempotent calls)."""
+__all__ = [
+    "ApiError",
+    "AuthenticationError",
+    "BadRequestError",
+    "ConfigError",
+    "Conflict",
+    "ConflictError",
+    "Forbidden",
+    "InvalidSchedule",
+    "InvalidState",
+    "LeaseLost",
+    "NotFound",
+    "NotFoundError",
+    "OverLimit",
+    "PayloadTooLarge",
+    "PayloadTooLargeError",
+    "PermanentError",
+    "PermissionDeniedError",
+    "PostgresUnavailable",
+    "RateLimitedError",
+    "RedisUnavailable",
+    "ReplicasBehind",
+    "RestoreRefused",
+    "ScriptError",
+    "ServerError",
+    "TaskNotFound",
+    "TimewheelError",
+    "TransportError",
+    "Unauthorized",
+    "UnprocessableError",
+    "ValidationError",
+]

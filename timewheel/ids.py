@@ -1,4 +1,4 @@
-"""Task ids: the shard a task lives in is written into its id.
+"""Task ids and names: the shard a task lives in is written into its id.
 
 A task id is 3 hex digits of shard number followed by 13 characters of Crockford
 base32 (65 bits): 16 characters. The shard prefix lets any process find a task from
@@ -10,8 +10,11 @@ own dedupe record (DESIGN.md section 3).
 from __future__ import annotations
 
 import hashlib
+import re
 import secrets
 import zlib
+
+from timewheel.errors import ValidationError
 
 ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"
 TOKEN_CHARS = 13
@@ -66,3 +69,21 @@ def shard_of(task_id: str) -> int | None:
     if any(c not in ALPHABET for c in base[3:]):
         return None
     return shard
+
+
+NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+"""A tenant or queue name: they go into key names."""
+
+
+def validate_name(value: object, field_name: str) -> str:
+    """A tenant or queue name: 1-64 of letters, digits, '_', '.', '-' (they go into keys).
+
+    Raises:
+        ValidationError: anything else, naming `field_name`.
+    """
+    if not isinstance(value, str) or not NAME.match(value):
+        raise ValidationError(
+            f"{field_name} must be 1-64 characters of A-Z a-z 0-9 _ . - (got {value!r})",
+            field=field_name,
+        )
+    return value

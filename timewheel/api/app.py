@@ -16,6 +16,7 @@ from timewheel.api.schedules import SCHEDULE_ENDPOINTS
 from timewheel.api.tasks import OPS_ENDPOINTS, TASK_ENDPOINTS
 from timewheel.api.tenants import TENANT_ENDPOINTS
 from timewheel.config import Settings
+from timewheel.dispatch.rates import DispatchRates
 from timewheel.engine import Engine
 from timewheel.tenants import TenantStore
 
@@ -43,13 +44,13 @@ def create_app(
 
     def attach(app: Starlette, eng: Engine) -> None:
         app.state.engine = eng
-        app.state.creates = CreateCoalescer(eng)
+        app.state.creates = CreateCoalescer(eng.tasks)
         app.state.tenant_store = TenantStore(
             eng.client,
             eng.keys,
             admin_key=eng.settings.admin_key,
             bucket_ms=eng.settings.bucket_ms,
-            rates=eng.dispatch_rates(),
+            rates=DispatchRates.of(eng.store),
         )
 
     @asynccontextmanager

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import asyncio
 
-from timewheel.engine import Engine, NewTask
 from timewheel.errors import RedisUnavailable, TimewheelError
-from timewheel.models import CreateResult
+from timewheel.tasks.model import CreateResult, NewTask
+from timewheel.tasks.ops import TaskOps
 
 _Item = tuple[NewTask, "asyncio.Future[CreateResult]"]
 
@@ -22,8 +22,8 @@ _Item = tuple[NewTask, "asyncio.Future[CreateResult]"]
 class CreateCoalescer:
     """Coalesces concurrent creates of one api process into pipelines (per app)."""
 
-    def __init__(self, engine: Engine, *, max_batch: int = 256, max_inflight: int = 4):
-        self.engine = engine
+    def __init__(self, tasks: TaskOps, *, max_batch: int = 256, max_inflight: int = 4):
+        self.tasks = tasks
         self.max_batch = max_batch
         self.max_inflight = max_inflight
         self._queue: list[_Item] = []
@@ -32,7 +32,7 @@ class CreateCoalescer:
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def create(self, new: NewTask) -> CreateResult:
-        """Create one task (Engine.create's result and errors)."""
+        """Create one task (TaskOps.create's result and errors)."""
         future: asyncio.Future[CreateResult] = asyncio.get_running_loop().create_future()
         self._queue.append((new, future))
         self._schedule()
@@ -58,7 +58,7 @@ class CreateCoalescer:
     async def _send(self, batch: list[_Item]) -> None:
         try:
             try:
-                results = await self.engine.create_many([new for new, _ in batch])
+                results = await self.tasks.create_many([new for new, _ in batch])
             except RedisUnavailable as exc:
                 for _, future in batch:
                     if not future.done():
@@ -79,7 +79,7 @@ class CreateCoalescer:
 
     async def _one(self, new: NewTask, future: asyncio.Future[CreateResult]) -> None:
         try:
-            result = await self.engine.create(new)
+            result = await self.tasks.create(new)
         except Exception as exc:
             if not future.done():
                 future.set_exception(exc)

@@ -29,11 +29,11 @@ from timewheel.engine import NewTask
 from timewheel.errors import ValidationError
 from timewheel.models import JSONValue
 from timewheel.tasks.window import MAX_SPREAD_S
+from timewheel.types import STATES
 
 MAX_DELAY_S = 10 * 365 * 86400
 MAX_BATCH = 1000
 JITTERS = ("full", "proportional", "none")
-STATES = ("scheduled", "dispatched", "succeeded", "cancelled", "dead", "skipped")
 
 
 def parse_json_object(body: bytes) -> dict[str, Any]:

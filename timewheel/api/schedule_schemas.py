@@ -24,9 +24,10 @@ from timewheel.api.spec import (
 )
 from timewheel.errors import ValidationError
 from timewheel.models import JSONValue
-from timewheel.schedules.ops import CATCHUPS, OVERLAPS, NewSchedule, ScheduleChanges
+from timewheel.schedules.model import NewSchedule, ScheduleChanges
 from timewheel.schedules.spec import ScheduleSpec
 from timewheel.tasks.window import MAX_SPREAD_S
+from timewheel.types import CATCHUPS, OVERLAPS
 
 MAX_WINDOW_S = 366 * 86400
 TIMING_FIELDS = ("cron", "timezone", "every_s", "start_at", "end_at")

@@ -10,7 +10,7 @@ from timewheel.api.endpoints import Call, Endpoint
 from timewheel.api.tasks import check_tenant_payload, event_json
 from timewheel.archive.history import schedule_history
 from timewheel.schedules import listing as schedulelist
-from timewheel.schedules.ops import ScheduleChanges
+from timewheel.schedules.model import ScheduleChanges
 
 
 async def create_schedule(call: Call) -> Response:
@@ -22,20 +22,20 @@ async def create_schedule(call: Call) -> Response:
         idempotency_header=call.request.headers.get("idempotency-key"),
     )
     check_tenant_payload(tenant, new.payload_json)
-    schedule, created = await engine.create_schedule(new)
+    schedule, created = await engine.schedules.create(new)
     return JSONResponse(schedule.to_json(), status_code=201 if created else 200)
 
 
 async def list_schedules(call: Call) -> Response:
     q = call.query
     items, next_cursor = await schedulelist.list_schedules(
-        call.engine, call.tenant_id, limit=q["limit"], cursor=q["cursor"]
+        call.engine.store, call.tenant_id, limit=q["limit"], cursor=q["cursor"]
     )
     return JSONResponse({"items": [s.to_json() for s in items], "next_cursor": next_cursor})
 
 
 async def get_schedule(call: Call) -> Response:
-    schedule = await call.engine.get_schedule(call.tenant_id, call.path["schedule_id"])
+    schedule = await call.engine.schedules.get(call.tenant_id, call.path["schedule_id"])
     return JSONResponse(schedule.to_json())
 
 
@@ -48,40 +48,40 @@ async def update_schedule(call: Call) -> Response:
     paused = call.data.get("paused")
     schedule = None
     if paused is True:
-        schedule = await engine.pause_schedule(tenant.id, sid)
+        schedule = await engine.schedules.pause(tenant.id, sid)
     if changes != ScheduleChanges():
-        schedule = await engine.update_schedule(tenant.id, sid, changes)
+        schedule = await engine.schedules.update(tenant.id, sid, changes)
     if paused is False:
-        schedule = await engine.resume_schedule(tenant.id, sid)
+        schedule = await engine.schedules.resume(tenant.id, sid)
     if schedule is None:  # a body the spec lets through changes something; be safe
-        schedule = await engine.get_schedule(tenant.id, sid)
+        schedule = await engine.schedules.get(tenant.id, sid)
     return JSONResponse(schedule.to_json())
 
 
 async def delete_schedule(call: Call) -> Response:
     sid = call.path["schedule_id"]
-    dropped = await call.engine.delete_schedule(call.tenant_id, sid)
+    dropped = await call.engine.schedules.delete(call.tenant_id, sid)
     return JSONResponse({"id": sid, "deleted": True, "runs_dropped": dropped})
 
 
 async def pause_schedule(call: Call) -> Response:
-    schedule = await call.engine.pause_schedule(call.tenant_id, call.path["schedule_id"])
+    schedule = await call.engine.schedules.pause(call.tenant_id, call.path["schedule_id"])
     return JSONResponse(schedule.to_json())
 
 
 async def resume_schedule(call: Call) -> Response:
-    schedule = await call.engine.resume_schedule(call.tenant_id, call.path["schedule_id"])
+    schedule = await call.engine.schedules.resume(call.tenant_id, call.path["schedule_id"])
     return JSONResponse(schedule.to_json())
 
 
 async def trigger_schedule(call: Call) -> Response:
-    run_id = await call.engine.trigger_schedule(call.tenant_id, call.path["schedule_id"])
+    run_id = await call.engine.schedules.trigger(call.tenant_id, call.path["schedule_id"])
     return JSONResponse({"run_id": run_id, "state": "scheduled"}, status_code=201)
 
 
 async def backfill_schedule(call: Call) -> Response:
     sid = call.path["schedule_id"]
-    added, existing = await call.engine.backfill_schedule(
+    added, existing = await call.engine.schedules.backfill(
         call.tenant_id, sid, call.data["from"], call.data["to"]
     )
     return JSONResponse({"id": sid, "added": added, "existing": existing})
@@ -89,8 +89,8 @@ async def backfill_schedule(call: Call) -> Response:
 
 async def schedule_runs(call: Call) -> Response:
     sid = call.path["schedule_id"]
-    schedule = await call.engine.get_schedule(call.tenant_id, sid)  # the tenant's, or 404
-    runs = await schedule_history(call.engine, sid, schedule.created_ms)
+    schedule = await call.engine.schedules.get(call.tenant_id, sid)  # the tenant's, or 404
+    runs = await schedule_history(call.engine.store, sid, schedule.created_ms)
     return JSONResponse(
         {
             "schedule_id": sid,

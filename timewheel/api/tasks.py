@@ -1,5 +1,5 @@
-"""Task, dead-letter and operations handlers of the HTTP API v1 (DESIGN.md section 11),
-and their rows of the endpoint table."""
+"""Task, dead-letter and operations handlers of the HTTP API v1, and their rows of the
+endpoint table."""
 
 from __future__ import annotations
 
@@ -13,12 +13,12 @@ from timewheel.api import common as schemas
 from timewheel.api.endpoints import PUBLIC, Call, Endpoint
 from timewheel.api.errors import error_body, status_of
 from timewheel.archive.history import RunEvent, run_history
-from timewheel.engine import NewTask
 from timewheel.errors import PayloadTooLarge, ValidationError
-from timewheel.models import CreateResult, Task, ms_to_rfc3339
 from timewheel.runs import dead_letters as deadletters
 from timewheel.tasks import listing as tasklist
+from timewheel.tasks.model import NewTask
 from timewheel.tenants import Tenant
+from timewheel.types import ms_to_rfc3339
 
 
 def check_tenant_payload(tenant: Tenant, payload_json: str) -> None:
@@ -56,42 +56,24 @@ async def create_task(call: Call) -> Response:
         default_queue=engine.settings.default_queue,
         idempotency_header=call.request.headers.get("idempotency-key"),
     )
-    engine.check_payload(new.payload_json)
+    engine.tasks.check_payload(new.payload_json)
     check_tenant_payload(tenant, new.payload_json)
     await call.store.check_pending(tenant, 1)
     result = await call.request.app.state.creates.create(new)
     if result.created:
         await call.store.count_pending(tenant, [(result.due_ms, 1)])
-    task = result.task or _fresh(new, result)
-    return JSONResponse(task.to_json(), status_code=201 if result.created else 200)
-
-
-def _fresh(new: NewTask, result: CreateResult) -> Task:
-    """The task a create just stored, as GET would read it back (no second round trip)."""
-    return Task(
-        id=result.task_id,
-        run_id=result.task_id,
-        tenant=new.tenant,
-        queue=new.queue,
-        state="scheduled",
-        attempt=0,
-        due_ms=result.due_ms,
-        created_ms=result.created_ms or result.due_ms,
-        updated_ms=None,
-        payload_json=new.payload_json,
-        options=dict(new.options),
-    )
+    return JSONResponse(result.task.to_json(), status_code=201 if result.created else 200)
 
 
 async def get_task(call: Call) -> Response:
-    task = await call.engine.get(call.tenant_id, call.path["task_id"])
+    task = await call.engine.tasks.get(call.tenant_id, call.path["task_id"])
     return JSONResponse(task.to_json())
 
 
 async def list_tasks(call: Call) -> Response:
     q = call.query
     items, next_cursor = await tasklist.list_tasks(
-        call.engine,
+        call.engine.store,
         call.tenant_id,
         queue=q["queue"],
         state=q["state"],
@@ -104,11 +86,11 @@ async def list_tasks(call: Call) -> Response:
 async def update_task(call: Call) -> Response:
     engine, tenant = call.engine, await call.tenant()
     task_id = call.path["task_id"]
-    before = await engine.get(tenant.id, task_id)
+    before = await engine.tasks.get(tenant.id, task_id)
     run_at_ms, delay_ms, payload_json = schemas.patch_values(call.data)
     if payload_json is not None:
         check_tenant_payload(tenant, payload_json)
-    task = await engine.update(
+    task = await engine.tasks.update(
         tenant.id, task_id, run_at_ms=run_at_ms, delay_ms=delay_ms, payload_json=payload_json
     )
     if task.due_ms != before.due_ms:
@@ -118,7 +100,7 @@ async def update_task(call: Call) -> Response:
 
 async def cancel_task(call: Call) -> Response:
     tenant = await call.tenant()
-    task = await call.engine.cancel(tenant.id, call.path["task_id"])
+    task = await call.engine.tasks.cancel(tenant.id, call.path["task_id"])
     await call.store.count_pending(tenant, [(task.due_ms, -1)])
     return JSONResponse(task.to_json())
 
@@ -137,44 +119,32 @@ async def create_batch(call: Call) -> Response:
                 item, tenant.id, default_queue=engine.settings.default_queue,
                 idempotency_header=None,
             )
-            engine.check_payload(new.payload_json)
+            engine.tasks.check_payload(new.payload_json)
             check_tenant_payload(tenant, new.payload_json)
             valid.append((i, new))
         except ValidationError as exc:
             results[i] = {"status": status_of(exc), "error": error_body(exc)}
     await call.store.check_pending(tenant, len(valid))
-    created = await engine.create_many([new for _, new in valid]) if valid else []
+    created = await engine.tasks.create_many([new for _, new in valid]) if valid else []
     counted: list[tuple[int, int]] = []
-    for (i, new), res in zip(valid, created, strict=True):
-        if res.task is not None:
-            results[i] = {"status": 200, "task": res.task.to_json()}
-            continue
-        counted.append((res.due_ms, 1))
-        results[i] = {
-            "status": 201,
-            "task": {
-                "id": res.task_id,
-                "run_id": res.task_id,
-                "queue": new.queue,
-                "state": "scheduled",
-                "attempt": 0,
-                "run_at": ms_to_rfc3339(res.due_ms),
-            },
-        }
+    for (i, _), res in zip(valid, created, strict=True):
+        if res.created:
+            counted.append((res.due_ms, 1))
+        results[i] = {"status": 201 if res.created else 200, "task": res.task.to_json()}
     await call.store.count_pending(tenant, counted)
     return JSONResponse({"results": results})
 
 
 async def task_runs(call: Call) -> Response:
     engine, tenant = call.engine, call.tenant_id
-    task = await engine.get(tenant, call.path["task_id"])
-    events = await run_history(engine, tenant, task.run_id)
+    task = await engine.tasks.get(tenant, call.path["task_id"])
+    events = await run_history(engine.store, tenant, task.run_id)
     return JSONResponse({"run_id": task.run_id, "events": [event_json(e) for e in events]})
 
 
 async def list_dead_letters(call: Call) -> Response:
     items, next_cursor = await deadletters.list_dead(
-        call.engine, call.tenant_id, limit=call.query["limit"], after=call.query["cursor"]
+        call.engine.store, call.tenant_id, limit=call.query["limit"], after=call.query["cursor"]
     )
     return JSONResponse(
         {
@@ -198,13 +168,13 @@ async def list_dead_letters(call: Call) -> Response:
 
 async def replay_dead_letter(call: Call) -> Response:
     run_id = call.path["run_id"]
-    due_ms = await deadletters.replay(call.engine, call.tenant_id, run_id)
+    due_ms = await deadletters.replay(call.engine.store, call.tenant_id, run_id)
     return JSONResponse({"run_id": run_id, "state": "scheduled", "run_at": ms_to_rfc3339(due_ms)})
 
 
 async def purge_dead_letter(call: Call) -> Response:
     run_id = call.path["run_id"]
-    await deadletters.purge(call.engine, call.tenant_id, run_id)
+    await deadletters.purge(call.engine.store, call.tenant_id, run_id)
     return JSONResponse({"run_id": run_id, "purged": True})
 
 
@@ -213,7 +183,7 @@ async def healthz(call: Call) -> Response:
 
 
 async def readyz(call: Call) -> Response:
-    if await call.engine.ping():
+    if await call.engine.store.ping():
         return JSONResponse({"status": "ready"})
     return JSONResponse(
         {"error": {"code": "unavailable", "message": "Redis is unreachable", "field": None}},

@@ -39,9 +39,9 @@ from timewheel.archive.events import (
     parse_id,
 )
 from timewheel.archive.snapshot import take_snapshot
-from timewheel.engine import Engine
 from timewheel.errors import ConfigError, PostgresUnavailable, RedisUnavailable
 from timewheel.store import record
+from timewheel.store.shard import Store
 
 log = structlog.get_logger("timewheel.archiver")
 
@@ -97,10 +97,10 @@ ON CONFLICT (shard) DO UPDATE SET last_ms = EXCLUDED.last_ms, last_seq = EXCLUDE
 class Archiver:
     """Tails the event logs of one deployment into one PostgreSQL database."""
 
-    def __init__(self, engine: Engine, conn: psycopg.AsyncConnection[tuple[object, ...]]):
-        self.engine = engine
+    def __init__(self, store: Store, conn: psycopg.AsyncConnection[tuple[object, ...]]):
+        self.store = store
         self.conn = conn
-        self.batch = engine.settings.archive_batch
+        self.batch = store.settings.archive_batch
         self.checkpoints: dict[int, StreamId | None] = {}
         self.archived_total = 0
 
@@ -125,7 +125,7 @@ class Archiver:
         except psycopg.Error as exc:
             raise PostgresUnavailable(f"cannot read the checkpoints: {exc}") from exc
         stored = {int(str(r[0])): (int(str(r[1])), int(str(r[2]))) for r in rows}
-        self.checkpoints = {s: stored.get(s) for s in range(self.engine.settings.shards)}
+        self.checkpoints = {s: stored.get(s) for s in range(self.store.settings.shards)}
         await self._mark(dict(self.checkpoints))
 
     async def recover(self, dsn: str) -> None:
@@ -142,7 +142,7 @@ class Archiver:
 
     async def _check_gaps(self) -> None:
         """Log every shard whose log was trimmed past our checkpoint (hard cap reached)."""
-        client, keys = self.engine.client, self.engine.keys
+        client, keys = self.store.client, self.store.keys
         for shard, checkpoint in self.checkpoints.items():
             if checkpoint is None:
                 continue
@@ -164,20 +164,20 @@ class Archiver:
         """Write the checkpoints into the shards' meta hashes (bounds trimming)."""
         if not marks:
             return
-        cap = self.engine.settings.archive_hard_cap
-        pipe = self.engine.client.pipeline(transaction=False)
+        cap = self.store.settings.archive_hard_cap
+        pipe = self.store.client.pipeline(transaction=False)
         for shard, checkpoint in marks.items():
             mark = "0-0" if checkpoint is None else format_id(checkpoint)
-            pipe.hset(self.engine.keys.meta(shard), mapping={"archived": mark, "archive_cap": cap})
+            pipe.hset(self.store.keys.meta(shard), mapping={"archived": mark, "archive_cap": cap})
         try:
             await pipe.execute()
         except (RedisError, OSError) as exc:
             raise RedisUnavailable(f"cannot write the archive mark: {exc}") from exc
 
     async def _read(self) -> dict[int, list[tuple[bytes, dict[bytes, bytes]]]]:
-        keys = self.engine.keys
+        keys = self.store.keys
         shards = sorted(self.checkpoints)
-        pipe = self.engine.client.pipeline(transaction=False)
+        pipe = self.store.client.pipeline(transaction=False)
         for shard in shards:
             checkpoint = self.checkpoints[shard]
             start = "-" if checkpoint is None else "(" + format_id(checkpoint)
@@ -193,8 +193,8 @@ class Archiver:
         wanted = [row for row in rows if row[4] in ("created", "updated")]
         if not wanted:
             return
-        keys = self.engine.keys
-        pipe = self.engine.client.pipeline(transaction=False)
+        keys = self.store.keys
+        pipe = self.store.client.pipeline(transaction=False)
         for row in wanted:
             pipe.hget(keys.body(row[0], row[3]), keys.body_field(row[3]))
         try:
@@ -219,8 +219,8 @@ class Archiver:
                 touched[row[3]] = row[0]
         if not touched:
             return [], []
-        keys = self.engine.keys
-        pipe = self.engine.client.pipeline(transaction=False)
+        keys = self.store.keys
+        pipe = self.store.client.pipeline(transaction=False)
         for sid, shard in touched.items():
             pipe.hgetall(keys.schedule(shard, sid))
         try:
@@ -356,6 +356,6 @@ class Archiver:
             wait_s = every_s
             try:
                 async with pg.connection(dsn) as conn:
-                    await take_snapshot(self.engine, conn)
+                    await take_snapshot(self.store, conn)
             except (PostgresUnavailable, RedisUnavailable) as exc:
                 log.error("snapshot_failed", error=str(exc))

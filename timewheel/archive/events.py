@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from timewheel.types import field_int, field_text
+
 StreamId = tuple[int, int]
 """A stream entry id '<ms>-<seq>' as two integers (sorts like the id)."""
 
@@ -60,27 +62,17 @@ def format_id(stream_id: StreamId) -> str:
     return f"{stream_id[0]}-{stream_id[1]}"
 
 
-def _text(fields: dict[bytes, bytes], name: bytes) -> str | None:
-    value = fields.get(name)
-    return None if value is None or value == b"" else value.decode()
-
-
-def _int(fields: dict[bytes, bytes], name: bytes) -> int | None:
-    value = fields.get(name)
-    return None if value is None or value == b"" else int(value)
-
-
 def created_runs(fields: dict[bytes, bytes]) -> list[tuple[str, str, str, int]]:
     """(run_id, tenant, queue, due_ms) of each run a 'created' entry names: one create call
     writes one entry, runs = 'id:tenant:queue:due_ms,...'. Entries written before that
     name one run in id, tenant, queue and due_ms fields."""
     if b"runs" not in fields:
-        run_id = _text(fields, b"id")
+        run_id = field_text(fields, "id")
         if run_id is None:
             return []
         return [
-            (run_id, _text(fields, b"tenant") or "", _text(fields, b"queue") or "",
-             _int(fields, b"due_ms") or 0)
+            (run_id, field_text(fields, "tenant") or "", field_text(fields, "queue") or "",
+             field_int(fields, "due_ms") or 0)
         ]  # fmt: skip
     out = []
     for item in fields[b"runs"].split(b","):
@@ -95,10 +87,10 @@ def event_rows(shard: int, entry_id: bytes, fields: dict[bytes, bytes]) -> list[
     ms, seq = parse_id(entry_id)
     # Tolerant of kinds added later (schedules): whatever names no run is stored with
     # run_id '' rather than stopping the archiver on an entry it cannot read.
-    kind = _text(fields, b"e") or "unknown"
-    at_ms = _int(fields, b"at") or ms
-    common = [_text(fields, b"reason"), _text(fields, b"error")]
-    node, epoch = _text(fields, b"node"), _text(fields, b"epoch")
+    kind = field_text(fields, "e") or "unknown"
+    at_ms = field_int(fields, "at") or ms
+    common = [field_text(fields, "reason"), field_text(fields, "error")]
+    node, epoch = field_text(fields, "node"), field_text(fields, "epoch")
     if kind == "dispatched":
         rows = []
         for item in fields.get(b"runs", b"").split(b","):
@@ -136,13 +128,13 @@ def event_rows(shard: int, entry_id: bytes, fields: dict[bytes, bytes]) -> list[
             shard,
             ms,
             seq,
-            _text(fields, b"id") or "",
+            field_text(fields, "id") or "",
             kind,
             at_ms,
-            _text(fields, b"tenant"),
-            _text(fields, b"queue"),
-            _int(fields, b"attempt"),
-            _int(fields, b"due_ms"),
+            field_text(fields, "tenant"),
+            field_text(fields, "queue"),
+            field_int(fields, "attempt"),
+            field_int(fields, "due_ms"),
             *common,
             node,
             epoch,

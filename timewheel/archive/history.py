@@ -15,11 +15,10 @@ import psycopg
 import structlog
 from redis.exceptions import RedisError
 
-from timewheel import ids
 from timewheel.archive import pg
-from timewheel.archive.events import created_runs
-from timewheel.engine import Engine
-from timewheel.errors import ConfigError, PostgresUnavailable, RedisUnavailable, TaskNotFound
+from timewheel.archive.events import StreamId, created_runs, parse_id
+from timewheel.errors import ConfigError, PostgresUnavailable, RedisUnavailable
+from timewheel.store.shard import Store
 
 log = structlog.get_logger("timewheel.history")
 
@@ -37,12 +36,6 @@ class RunEvent:
     node: str | None = None
 
 
-StreamId = tuple[int, int]
-
-
-def _stream_id(raw: bytes) -> StreamId:
-    ms, _, seq = raw.decode().partition("-")
-    return int(ms), int(seq or 0)
 
 
 def _event(kind: str, f: dict[bytes, bytes], attempt: int | None) -> RunEvent:
@@ -58,20 +51,18 @@ def _event(kind: str, f: dict[bytes, bytes], attempt: int | None) -> RunEvent:
     )
 
 
-async def run_history(engine: Engine, tenant: str, run_id: str) -> list[RunEvent]:
+async def run_history(store: Store, tenant: str, run_id: str) -> list[RunEvent]:
     """Every event of `run_id` in the event log (or archived, see the module doc), oldest first.
 
     Raises:
         TaskNotFound: the id is not one of this deployment's.
         RedisUnavailable: the event log cannot be read.
     """
-    shard = ids.shard_of(run_id)
-    if shard is None or shard >= engine.settings.shards:
-        raise TaskNotFound(run_id)
-    found = await _from_redis(engine, tenant, run_id, shard)
-    if engine.settings.postgres_dsn and not any(kind == "created" for _, kind, _ in found):
+    shard = store.locate(run_id)
+    found = await _from_redis(store, tenant, run_id, shard)
+    if store.settings.postgres_dsn and not any(kind == "created" for _, kind, _ in found):
         try:
-            archived = await _from_postgres(engine.settings.postgres_dsn, tenant, run_id)
+            archived = await _from_postgres(store.settings.postgres_dsn, tenant, run_id)
         except (PostgresUnavailable, ConfigError) as exc:
             # Degrade to what Redis still holds rather than fail the request (the API
             # maps errors it does not know to 500).
@@ -87,10 +78,10 @@ async def run_history(engine: Engine, tenant: str, run_id: str) -> list[RunEvent
 
 
 async def _from_redis(
-    engine: Engine, tenant: str, run_id: str, shard: int
+    store: Store, tenant: str, run_id: str, shard: int
 ) -> list[tuple[StreamId, str, RunEvent]]:
     try:
-        entries: Any = await engine.client.xrange(engine.keys.events(shard))
+        entries: Any = await store.client.xrange(store.keys.events(shard))
     except (RedisError, OSError) as exc:
         raise RedisUnavailable(f"cannot read the event log: {exc}") from exc
     needle = run_id.encode()
@@ -116,7 +107,7 @@ async def _from_redis(
                 continue
         elif f.get(b"id") != needle:
             continue
-        out.append((_stream_id(entry_id), kind, _event(kind, f, attempt)))
+        out.append((parse_id(entry_id), kind, _event(kind, f, attempt)))
     return out
 
 
@@ -172,10 +163,10 @@ def _schedule_events(entries: Any, prefix: bytes) -> list[tuple[StreamId, str, R
             for item in f[b"runs"].split(b","):
                 if item.startswith(prefix):
                     rid, _, n = item.rpartition(b":")
-                    found.append((_stream_id(entry_id), rid.decode(), _event(kind, f, int(n))))
+                    found.append((parse_id(entry_id), rid.decode(), _event(kind, f, int(n))))
         elif f.get(b"id", b"").startswith(prefix):
             attempt = int(f[b"attempt"]) if b"attempt" in f else None
-            found.append((_stream_id(entry_id), f[b"id"].decode(), _event(kind, f, attempt)))
+            found.append((parse_id(entry_id), f[b"id"].decode(), _event(kind, f, attempt)))
     return found
 
 
@@ -187,7 +178,7 @@ class ScheduleRun:
     events: list[RunEvent]
 
 
-async def schedule_history(engine: Engine, sid: str, created_ms: int) -> list[ScheduleRun]:
+async def schedule_history(store: Store, sid: str, created_ms: int) -> list[ScheduleRun]:
     """The runs of schedule `sid`, in order of fire time (manual runs last), each with its
     events oldest first: from the shard's event log, and from PostgreSQL too when a DSN
     is configured and the log no longer reaches back to the schedule's creation
@@ -198,16 +189,14 @@ async def schedule_history(engine: Engine, sid: str, created_ms: int) -> list[Sc
         TaskNotFound: the id is not one of this deployment's.
         RedisUnavailable: the event log cannot be read.
     """
-    shard = ids.shard_of(sid)
-    if shard is None or shard >= engine.settings.shards:
-        raise TaskNotFound(sid)
+    shard = store.locate(sid)
     try:
-        entries: Any = await engine.client.xrange(engine.keys.events(shard))
+        entries: Any = await store.client.xrange(store.keys.events(shard))
     except (RedisError, OSError) as exc:
         raise RedisUnavailable(f"cannot read the event log: {exc}") from exc
     found = _schedule_events(entries, (sid + "@").encode())
-    dsn = engine.settings.postgres_dsn
-    if dsn and (not entries or _stream_id(entries[0][0])[0] > created_ms):
+    dsn = store.settings.postgres_dsn
+    if dsn and (not entries or parse_id(entries[0][0])[0] > created_ms):
         try:
             rows = await _archived(dsn, "run_id LIKE %s", sid + "@%")
         except (PostgresUnavailable, ConfigError) as exc:

@@ -1,7 +1,7 @@
 """Restore: rebuild an empty Redis from the newest snapshot plus the events archived after it.
 
 Per shard: load the snapshot's runs, replay that shard's run_events after the snapshot's
-position in order (each event sets absolute values, see timewheel/snapshot.py), and
+position in order (each event sets absolute values, see timewheel/archive/snapshot.py), and
 write the runs that end up pending (scheduled, or dispatched and not acknowledged)
 through lua/restore_runs.lua, which owns the record format and the wheel placement. Runs
 keep their ids, run ids, payloads and due times; a run that was dispatched but not
@@ -14,6 +14,7 @@ events Redis wrote after the archiver's last commit.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -24,13 +25,13 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 
 from timewheel.archive import pg
-from timewheel.archive.snapshot import write_schedule_hashes
+from timewheel.archive.events import EVENT_COLUMNS
 from timewheel.config import Settings
-from timewheel.engine import Engine
-from timewheel.errors import ConfigError, RedisUnavailable, RestoreRefused
+from timewheel.errors import ConfigError, PostgresUnavailable, RedisUnavailable, RestoreRefused
+from timewheel.store import deployment
 from timewheel.store.connection import RedisClient, connect
 from timewheel.store.library import ScriptArg
-from timewheel.store.pipeline import ScriptCall, run_pipeline
+from timewheel.store.shard import Call, Store
 
 log = structlog.get_logger("timewheel.restore")
 
@@ -144,7 +145,7 @@ async def restore(settings: Settings, *, force: bool = False) -> RestoreResult:
     async with pg.connection(settings.postgres_dsn) as conn:
         snapshot = await _newest_snapshot(conn, settings)
         client = await connect(settings.redis_url)
-        engine = Engine(client, settings)
+        store = Store(client, settings)
         try:
             keys = await _key_count(client)
             if keys and not force:
@@ -153,14 +154,14 @@ async def restore(settings: Settings, *, force: bool = False) -> RestoreResult:
                     "writes into an empty Redis only (pass --force to add the snapshot's "
                     "runs to it, leaving runs already there untouched)"
                 )
-            await engine.ensure_layout()
+            await deployment.ensure_layout(client, settings)
             totals = [0, 0, 0, 0]
             for shard in range(settings.shards):
-                done = await _restore_shard(engine, conn, snapshot, shard)
+                done = await _restore_shard(store, conn, snapshot, shard)
                 totals = [a + b for a, b in zip(totals, done, strict=True)]
-            await write_schedule_hashes(engine, conn, snapshot)
+            await write_schedule_hashes(store, conn, snapshot)
         finally:
-            await engine.close()
+            await store.close()
     result = RestoreResult(snapshot, *totals)
     log.info(
         "restored",
@@ -196,22 +197,8 @@ async def _newest_snapshot(conn: psycopg.AsyncConnection[tuple[object, ...]], s:
     return int(snapshot_id)
 
 
-_EVENT_FIELDS = (
-    "run_id",
-    "kind",
-    "at_ms",
-    "tenant",
-    "queue",
-    "attempt",
-    "due_ms",
-    "error",
-    "payload",
-    "opts",
-)
-
-
 async def _restore_shard(
-    engine: Engine, conn: psycopg.AsyncConnection[tuple[object, ...]], snapshot: int, shard: int
+    store: Store, conn: psycopg.AsyncConnection[tuple[object, ...]], snapshot: int, shard: int
 ) -> list[int]:
     runs: dict[str, RestoredRun] = {}
     cur = await conn.execute(
@@ -230,27 +217,27 @@ async def _restore_shard(
     if position is None:
         raise RestoreRefused(f"snapshot {snapshot} has no position for shard {shard}")
     cur = await conn.execute(
-        f"SELECT {', '.join(_EVENT_FIELDS)} FROM run_events"
+        f"SELECT {', '.join(EVENT_COLUMNS)} FROM run_events"
         " WHERE shard = %s AND (id_ms, id_seq) > (%s, %s) ORDER BY id_ms, id_seq, run_id",
         (shard, position[0], position[1]),
     )
     replayed = 0
     async for row in cur:
-        apply_event(runs, dict(zip(_EVENT_FIELDS, row, strict=True)))
+        apply_event(runs, dict(zip(EVENT_COLUMNS, row, strict=True)))
         replayed += 1
     pending = [(rid, run) for rid, run in runs.items() if run.state in PENDING]
     no_payload = [rid for rid, run in pending if run.payload is None]
     if no_payload:
         log.warning("restore_skipped_no_payload", shard=shard, runs=no_payload[:20])
     written, existing = await _write(
-        engine, shard, (p for p in pending if p[1].payload is not None)
+        store, shard, (p for p in pending if p[1].payload is not None)
     )
-    await _mark_restored(engine, conn, snapshot, shard, written)
+    await _mark_restored(store, conn, snapshot, shard, written)
     return [written, existing, replayed, len(no_payload)]
 
 
 async def _mark_restored(
-    engine: Engine,
+    store: Store,
     conn: psycopg.AsyncConnection[tuple[object, ...]],
     snapshot: int,
     shard: int,
@@ -265,7 +252,7 @@ async def _mark_restored(
         "SELECT last_ms, last_seq FROM archive_checkpoints WHERE shard = %s", (shard,)
     )
     row = await cur.fetchone()
-    client, key = engine.client, engine.keys.events(shard)
+    client, key = store.client, store.keys.events(shard)
     try:
         sec, usec = await client.time()
         now_ms = int(sec) * 1000 + int(usec) // 1000
@@ -279,32 +266,73 @@ async def _mark_restored(
 
 
 async def _write(
-    engine: Engine, shard: int, pending: Iterable[tuple[str, RestoredRun]]
+    store: Store, shard: int, pending: Iterable[tuple[str, RestoredRun]]
 ) -> tuple[int, int]:
     """Write runs through lua/restore_runs.lua, RUNS_PER_CALL per call, CALLS_PER_PIPELINE calls
     per round trip (each call stays short; the pipeline only saves round trips)."""
-    script, keys = engine.scripts.restore_runs, [engine.keys.meta(shard)]
-    calls: list[ScriptCall] = []
+    script, keys = store.scripts.restore_runs, [store.keys.meta(shard)]
+    calls: list[Call[tuple[int, int]]] = []
     group: list[ScriptArg] = []
     count = written = existing = 0
 
     async def send() -> None:
         nonlocal written, existing, calls
-        for reply in await run_pipeline(engine.client, calls):
-            written += int(reply[0])
-            existing += int(reply[1])
+        for one_written, one_existing in await store.run_many(calls):
+            written += one_written
+            existing += one_existing
         calls = []
 
     for run_id, run in pending:
         group.extend(run.args(run_id))
         count += 1
         if count == RUNS_PER_CALL:
-            calls.append((script, keys, [engine.settings.bucket_ms, count, *group]))
+            calls.append(Call(script, keys, [store.settings.bucket_ms, count, *group], _restored))
             group, count = [], 0
             if len(calls) == CALLS_PER_PIPELINE:
                 await send()
     if count:
-        calls.append((script, keys, [engine.settings.bucket_ms, count, *group]))
+        calls.append(Call(script, keys, [store.settings.bucket_ms, count, *group], _restored))
     if calls:
         await send()
     return written, existing
+
+
+def _restored(reply: list[Any]) -> tuple[int, int]:
+    """restore_runs.lua's reply: (written, existing)."""
+    return int(reply[0]), int(reply[1])
+
+
+async def write_schedule_hashes(
+    store: Store, conn: psycopg.AsyncConnection[tuple[object, ...]], snapshot_id: int
+) -> int:
+    """Write the archive's schedules back into Redis (restore); returns how many.
+
+    The `schedules` table holds each schedule as the archiver last read it (on any
+    schedule event), or as the newest snapshot copied it: so a schedule created after the
+    snapshot comes back too, and a deleted one does not. Each goes through
+    lua/restore_schedule.lua, which plans it again from its last fire time sent.
+    """
+    del snapshot_id  # the table is newer than any snapshot
+    try:
+        cur = await conn.execute("SELECT schedule_id, shard, definition FROM schedules")
+        rows = await cur.fetchall()
+    except psycopg.Error as exc:
+        raise PostgresUnavailable(f"cannot read archived schedules: {exc}") from exc
+    written = 0
+    for sid, shard, definition in rows:
+        fields = definition if isinstance(definition, dict) else json.loads(str(definition))
+        flat = [str(x) for kv in fields.items() for x in kv]
+        call = Call(
+            store.scripts.restore_schedule,
+            [store.keys.schedule(int(str(shard)), str(sid))],
+            [str(sid), json.dumps(flat)],
+            _schedule_restored,
+        )
+        written += await store.run(call)
+    log.info("schedules_restored", schedules=written)
+    return written
+
+
+def _schedule_restored(reply: list[Any]) -> int:
+    """restore_schedule.lua's reply: 1 if the schedule was written."""
+    return int(reply[0])

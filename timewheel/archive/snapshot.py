@@ -25,10 +25,11 @@ import structlog
 from redis.exceptions import RedisError
 
 from timewheel import ids
-from timewheel.engine import Engine
 from timewheel.errors import PostgresUnavailable, RedisUnavailable
 from timewheel.store import record
-from timewheel.store.record import TaskState
+from timewheel.store.shard import Store
+from timewheel.tasks.ops import TaskOps
+from timewheel.types import TaskState
 
 log = structlog.get_logger("timewheel.snapshot")
 
@@ -77,10 +78,10 @@ class SnapshotResult:
     schedules: int
 
 
-async def read_schedule_hashes(engine: Engine, shard: int) -> list[ScheduleCopy]:
+async def read_schedule_hashes(store: Store, shard: int) -> list[ScheduleCopy]:
     """Every schedule of one shard as stored in Redis: the shard's schedule index read in
     steps of 200 (SSCAN), each step's hashes in one pipeline."""
-    client, keys = engine.client, engine.keys
+    client, keys = store.client, store.keys
     out: list[ScheduleCopy] = []
     cursor = 0
     try:
@@ -107,10 +108,10 @@ def _schedule_copy(sid: str, raw: dict[bytes, bytes]) -> ScheduleCopy:
     return ScheduleCopy(sid, definition.get("tenant"), definition)
 
 
-async def _position(engine: Engine, shard: int) -> tuple[int, int]:
+async def _position(store: Store, shard: int) -> tuple[int, int]:
     """The id of the newest entry in the shard's event log, (0, 0) if there is none."""
     try:
-        last: Any = await engine.client.xrevrange(engine.keys.events(shard), count=1)
+        last: Any = await store.client.xrevrange(store.keys.events(shard), count=1)
     except (RedisError, OSError) as exc:
         raise RedisUnavailable(f"cannot read the event log of shard {shard}: {exc}") from exc
     if not last:
@@ -120,13 +121,13 @@ async def _position(engine: Engine, shard: int) -> tuple[int, int]:
 
 
 async def _scan_bodies(
-    engine: Engine, shard: int, keys: Sequence[str]
+    store: Store, shard: int, keys: Sequence[str]
 ) -> list[tuple[bytes, bytes]]:
     """Every (run id, record) of the given body hashes, one HSCAN step per key per round."""
     out: list[tuple[bytes, bytes]] = []
     cursors = {key: 0 for key in keys}
     while cursors:
-        pipe = engine.client.pipeline(transaction=False)
+        pipe = store.client.pipeline(transaction=False)
         for key, cursor in cursors.items():
             pipe.hscan(key, cursor, count=HSCAN_COUNT)
         try:
@@ -136,7 +137,7 @@ async def _scan_bodies(
         following: dict[str, int] = {}
         for key, (cursor, fields) in zip(cursors, replies, strict=True):
             out.extend(
-                (engine.keys.run_id_in_body(shard, key, f.decode()).encode(), raw)
+                (store.keys.run_id_in_body(shard, key, f.decode()).encode(), raw)
                 for f, raw in fields.items()
             )
             if int(cursor):
@@ -172,7 +173,7 @@ def task_row(
 
 
 async def take_snapshot(
-    engine: Engine,
+    store: Store,
     conn: psycopg.AsyncConnection[tuple[object, ...]],
     *,
     keep: int = KEEP_SNAPSHOTS,
@@ -183,7 +184,7 @@ async def take_snapshot(
         RedisUnavailable: Redis failed while reading.
         PostgresUnavailable: a statement failed (nothing of this snapshot is kept).
     """
-    s = engine.settings
+    s = store.settings
     tasks = schedules = 0
     try:
         async with conn.transaction(), conn.cursor() as cur:
@@ -196,14 +197,14 @@ async def take_snapshot(
             assert row is not None
             snapshot_id = int(str(row[0]))
             for shard in range(s.shards):
-                position = await _position(engine, shard)
+                position = await _position(store, shard)
                 await cur.execute(
                     "INSERT INTO snapshot_shards (snapshot_id, shard, from_ms, from_seq)"
                     " VALUES (%s, %s, %s, %s)",
                     (snapshot_id, shard, *position),
                 )
-                tasks += await _copy_tasks(engine, cur, snapshot_id, shard)
-                schedules += await _copy_schedules(engine, cur, snapshot_id, shard)
+                tasks += await _copy_tasks(store, cur, snapshot_id, shard)
+                schedules += await _copy_schedules(store, cur, snapshot_id, shard)
             await cur.execute(
                 "UPDATE snapshots SET finished_at = now(), tasks = %s, schedules = %s"
                 " WHERE snapshot_id = %s",
@@ -222,20 +223,20 @@ async def take_snapshot(
 
 
 async def _copy_tasks(
-    engine: Engine, cur: psycopg.AsyncCursor[tuple[object, ...]], snapshot_id: int, shard: int
+    store: Store, cur: psycopg.AsyncCursor[tuple[object, ...]], snapshot_id: int, shard: int
 ) -> int:
     count = 0
-    tag = engine.keys.tag(shard)
+    tag = store.keys.tag(shard)
     async with cur.copy(f"COPY snapshot_tasks ({', '.join(TASK_COLUMNS)}) FROM STDIN") as copy:
         for i in range(0, len(BODY_SUFFIXES), KEYS_PER_ROUND_TRIP):
             keys = [f"{tag}t:{xy}" for xy in BODY_SUFFIXES[i : i + KEYS_PER_ROUND_TRIP]]
-            found = await _scan_bodies(engine, shard, keys)
+            found = await _scan_bodies(store, shard, keys)
             waiting = [
                 record.decode(run_id.decode(), raw)
                 for run_id, raw in found
                 if raw[:1] == bytes([TaskState.SCHEDULED])
             ]
-            sent = await engine.sent_runs(shard, waiting)
+            sent = await TaskOps(store).sent_runs(shard, waiting)
             for run_id, raw in found:
                 row = task_row(snapshot_id, shard, run_id, raw, sent=run_id.decode() in sent)
                 if row is not None:
@@ -245,9 +246,9 @@ async def _copy_tasks(
 
 
 async def _copy_schedules(
-    engine: Engine, cur: psycopg.AsyncCursor[tuple[object, ...]], snapshot_id: int, shard: int
+    store: Store, cur: psycopg.AsyncCursor[tuple[object, ...]], snapshot_id: int, shard: int
 ) -> int:
-    found = await read_schedule_hashes(engine, shard)
+    found = await read_schedule_hashes(store, shard)
     for sched in found:
         definition = json.dumps(sched.definition)
         await cur.execute(
@@ -262,36 +263,3 @@ async def _copy_schedules(
             (sched.schedule_id, shard, sched.tenant, definition, snapshot_id),
         )
     return len(found)
-
-
-async def write_schedule_hashes(
-    engine: Engine, conn: psycopg.AsyncConnection[tuple[object, ...]], snapshot_id: int
-) -> int:
-    """Write the archive's schedules back into Redis (restore); returns how many.
-
-    The `schedules` table holds each schedule as the archiver last read it (on any
-    schedule event), or as the newest snapshot copied it: so a schedule created after the
-    snapshot comes back too, and a deleted one does not. Each goes through
-    lua/restore_schedule.lua, which plans it again from its last fire time sent.
-    """
-    del snapshot_id  # the table is newer than any snapshot
-    try:
-        cur = await conn.execute("SELECT schedule_id, shard, definition FROM schedules")
-        rows = await cur.fetchall()
-    except psycopg.Error as exc:
-        raise PostgresUnavailable(f"cannot read archived schedules: {exc}") from exc
-    written = 0
-    for sid, shard, definition in rows:
-        fields = definition if isinstance(definition, dict) else json.loads(str(definition))
-        flat = [str(x) for kv in fields.items() for x in kv]
-        try:
-            reply: Any = await engine.scripts.restore_schedule(
-                engine.client,
-                [engine.keys.schedule(int(str(shard)), str(sid))],
-                [str(sid), json.dumps(flat)],
-            )
-        except (RedisError, OSError) as exc:
-            raise RedisUnavailable(f"cannot restore schedule {sid}: {exc}") from exc
-        written += int(reply[0])
-    log.info("schedules_restored", schedules=written)
-    return written

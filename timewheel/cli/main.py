@@ -28,6 +28,7 @@ from timewheel.errors import ConfigError, Conflict, TimewheelError, ValidationEr
 from timewheel.logs import configure
 from timewheel.runs.webhook import WebhookExecutor
 from timewheel.runs.worker import Handler, Worker
+from timewheel.store import deployment
 from timewheel.store.library import OPERATIONS, Library, ScriptCode, function_name, header_codes
 from timewheel.tenants import Limits, TenantStore, new_key
 
@@ -97,12 +98,16 @@ async def _run_executor(args: argparse.Namespace) -> None:
     try:
         if args.command == "worker":
             worker = Worker(
-                engine, args.tenant, args.queue, group=args.group, concurrency=args.concurrency
+                engine.store,
+                args.tenant,
+                args.queue,
+                group=args.group,
+                concurrency=args.concurrency,
             )
             await worker.run(load_handler(args.app), stop)
         else:
             hook = WebhookExecutor(
-                engine,
+                engine.store,
                 args.tenant,
                 args.queue,
                 url=args.url,
@@ -269,7 +274,7 @@ async def _run(args: argparse.Namespace, *, api: bool, scheduler: bool) -> None:
         )
     try:
         if not args.unsafe_durability:
-            await engine.check_durability()
+            await deployment.check_durability(engine.client, engine.settings)
         await serve(
             engine,
             api=api,
@@ -311,7 +316,7 @@ async def _run_archiver(args: argparse.Namespace) -> None:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         try:
-            archiver = Archiver(engine, conn)
+            archiver = Archiver(engine.store, conn)
             await archiver.start()
             every = None if args.snapshot_every is None else args.snapshot_every * 60
             await archiver.run(
@@ -336,7 +341,7 @@ async def _run_snapshot(args: argparse.Namespace) -> None:
         await pg.migrate(conn)
         engine = await Engine.connect(settings)
         try:
-            result = await take_snapshot(engine, conn)
+            result = await take_snapshot(engine.store, conn)
         finally:
             await engine.close()
     print(

@@ -74,7 +74,7 @@ async def serve(
             start_http_server(metrics_port, addr=host, registry=metrics.registry)
             log.info("metrics_listening", url=f"http://{host}:{metrics_port}/metrics")
         node_id = node or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}"
-        sched = Scheduler(engine, node=node_id, lease_ttl_ms=lease_ttl_ms, metrics=metrics)
+        sched = Scheduler(engine.store, node=node_id, lease_ttl_ms=lease_ttl_ms, metrics=metrics)
         tasks.append(asyncio.create_task(sched.run(stop)))
     stopper = asyncio.create_task(stop.wait())
     await asyncio.wait({stopper, *tasks}, return_when=asyncio.FIRST_COMPLETED)

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Sequence
+from typing import Any
 
-from timewheel.engine import Engine
 from timewheel.store.library import check
+from timewheel.store.shard import Call, Store
 
 
 def rendezvous_owner(shard: int, nodes: Iterable[str]) -> str | None:
@@ -37,47 +38,70 @@ def share_of(node: str, nodes: Sequence[str], shards: int) -> set[int]:
     return {s for s in range(shards) if rendezvous_owner(s, nodes) == node}
 
 
-class Leases:
-    """One node's view of membership and its shard leases (lua/lease_*.lua, lease_members.lua)."""
+def _members(reply: list[Any]) -> list[str]:
+    return sorted(n.decode() for n in reply[1:])
 
-    def __init__(self, engine: Engine, node: str, ttl_ms: int):
-        self.engine = engine
+
+def _epoch(reply: list[Any]) -> int | None:
+    return None if int(reply[0]) < 0 else int(reply[0])
+
+
+def _renewed(reply: list[Any]) -> bool:
+    return int(reply[0]) == 1
+
+
+def _released(shard: int) -> Any:
+    def decode(reply: list[Any]) -> bool:
+        return int(check(reply, action="release", shard=shard)[0]) == 1
+
+    return decode
+
+
+class Leases:
+    """One node's view of membership and its shard leases (lua/lease_*.lua)."""
+
+    def __init__(self, store: Store, node: str, ttl_ms: int):
+        self.store = store
         self.node = node
         self.ttl_ms = ttl_ms
 
-    async def heartbeat(self, *, leaving: bool = False) -> list[str]:
-        """Mark this node alive (or gone) and return the live nodes."""
-        reply = await self.engine.call(
-            self.engine.scripts.lease_members,
-            [self.engine.keys.nodes()],
+    async def members(self, *, leaving: bool = False) -> list[str]:
+        """Mark this node alive (or gone) and return the live nodes (lua/lease_members.lua)."""
+        call = Call(
+            self.store.scripts.lease_members,
+            [self.store.keys.nodes()],
             [self.node, self.ttl_ms, "1" if leaving else "0"],
+            _members,
         )
-        return sorted(n.decode() for n in reply[1:])
+        return await self.store.run(call)
 
     async def acquire(self, shard: int) -> int | None:
         """The fencing epoch if this node now holds `shard`; None if another node does."""
-        k = self.engine.keys
-        reply = await self.engine.call(
-            self.engine.scripts.lease_acquire,
+        k = self.store.keys
+        call = Call(
+            self.store.scripts.lease_acquire,
             [k.lease(shard), k.meta(shard)],
             [self.node, self.ttl_ms],
+            _epoch,
         )
-        if int(reply[0]) < 0:
-            return None
-        return int(reply[0])
+        return await self.store.run(call)
 
     async def renew(self, shard: int, epoch: int) -> bool:
         """True if still held (and extended by ttl); False means the shard is lost."""
-        reply = await self.engine.call(
-            self.engine.scripts.lease_renew,
-            [self.engine.keys.lease(shard)],
+        call = Call(
+            self.store.scripts.lease_renew,
+            [self.store.keys.lease(shard)],
             [self.node, epoch, self.ttl_ms],
+            _renewed,
         )
-        return int(reply[0]) == 1
+        return await self.store.run(call)
 
     async def release(self, shard: int, epoch: int) -> bool:
         """Give the shard up at once; False if it was not ours any more."""
-        reply = await self.engine.call(
-            self.engine.scripts.lease_release, [self.engine.keys.lease(shard)], [self.node, epoch]
+        call = Call(
+            self.store.scripts.lease_release,
+            [self.store.keys.lease(shard)],
+            [self.node, epoch],
+            _released(shard),
         )
-        return int(check(reply, action="release", shard=shard)[0]) == 1
+        return await self.store.run(call)

@@ -28,6 +28,7 @@ from redis.exceptions import RedisError
 from timewheel.errors import RedisUnavailable
 from timewheel.store.connection import RedisClient
 from timewheel.store.keys import Keys
+from timewheel.store.shard import Store
 
 log = structlog.get_logger("timewheel.rates")
 
@@ -49,6 +50,11 @@ class DispatchRates:
         self.keys = keys
         self.shards = shards
         self.shards_of = shards_of
+
+    @classmethod
+    def of(cls, store: Store) -> DispatchRates:
+        """The rates of the deployment `store` serves."""
+        return cls(store.client, store.keys, store.settings.shards, store.shards_of)
 
     async def put(self, tenant: str, rate: float | None) -> None:
         """Set (or, with None, clear) a tenant's rate in each of its shards."""

@@ -1,7 +1,7 @@
 """The scheduler loop: tick its shards when they have due runs, promote ahead of time, sleep.
 
-A node with a `node` id claims shards by lease (timewheel/leases.py): a heartbeat and
-lease round every ttl/4 runs beside the tick loop; every script call carries (node,
+A node with a `node` id claims shards by lease (timewheel/dispatch/ownership.py): a
+membership and lease round every ttl/4 runs beside the tick loop; every script call carries (node,
 epoch), and LEASE_LOST drops the shard at once. Without a node id the loop ticks every
 shard unfenced (single process, tests, benchmarks).
 
@@ -18,16 +18,16 @@ import random
 import time
 from dataclasses import dataclass
 
-import redis.asyncio as aioredis
 import structlog
-from redis.exceptions import RedisError
 
-from timewheel.dispatch.leases import Leases, share_of
 from timewheel.dispatch.metrics import SchedulerMetrics
-from timewheel.dispatch.rates import SYNC_EVERY_S
-from timewheel.engine import Engine
+from timewheel.dispatch.ownership import Ownership, ShardState
+from timewheel.dispatch.rates import SYNC_EVERY_S, DispatchRates
+from timewheel.dispatch.tick import Dispatch, PromoteResult, TickResult
+from timewheel.dispatch.wakeups import listen_for_wakeups
 from timewheel.errors import LeaseLost, TimewheelError
-from timewheel.models import PromoteResult, TickResult
+from timewheel.schedules.planner import Planner
+from timewheel.store.shard import Store
 
 log = structlog.get_logger("timewheel.scheduler")
 
@@ -39,20 +39,6 @@ CLOCK_JUMP_LOG_MS = 1_000
 
 def _local_ms() -> float:
     return time.time() * 1000.0
-
-
-@dataclass(slots=True)
-class ShardState:
-    """What the loop knows of one owned shard, in that shard's clock (Redis TIME, ms)."""
-
-    epoch: str = ""
-    next_tick_ms: float = 0.0
-    next_promote_ms: float = 0.0
-    next_expire_ms: float = 0.0
-    next_reap_ms: float = 0.0
-    next_plan_ms: float = 0.0
-    last_consumed: int = 0
-    """Near entries the shard's last tick took: what its next tick is expected to take."""
 
 
 @dataclass(slots=True)
@@ -71,23 +57,25 @@ class Scheduler:
 
     def __init__(
         self,
-        engine: Engine,
+        store: Store,
         *,
         node: str | None = None,
         lease_ttl_ms: int = 2000,
         metrics: SchedulerMetrics | None = None,
     ) -> None:
-        self.engine = engine
+        self.store = store
+        self.settings = store.settings
+        self.dispatch = Dispatch(store)
+        self.planner = Planner(store)
         self.node = node or ""
-        self.leases = Leases(engine, node, lease_ttl_ms) if node else None
         self.metrics = metrics or SchedulerMetrics()
+        self.ownership = Ownership(store, self.node, lease_ttl_ms, self.metrics)
+        self.state: dict[int, ShardState] = self.ownership.state
+        """The shards this node holds (the ownership's own dict)."""
         self.counters = Counters()
-        self.state: dict[int, ShardState] = (
-            {} if self.leases else {s: ShardState() for s in range(engine.settings.shards)}
-        )
         self.offset_ms = 0.0  # shard clock minus local clock, learned from tick replies
-        self.woken = asyncio.Event()
-        self._busy: set[int] = set()
+        self.woken = self.ownership.acquired
+        self._busy = self.ownership.busy
         self._plan_next = 0  # the shard the next planning pass starts at
 
     # -- one pass ---------------------------------------------------------------------
@@ -136,7 +124,7 @@ class Scheduler:
     def _tick_groups(self, shards: list[int]) -> list[list[int]]:
         """Split shards into pipelines by the runs each is expected to dispatch (what its
         last tick took): each pipeline expects at most tick_pipeline_runs, or holds one shard."""
-        budget = self.engine.settings.tick_pipeline_runs
+        budget = self.settings.tick_pipeline_runs
         groups: list[list[int]] = []
         expected = 0
         for shard in shards:
@@ -155,7 +143,7 @@ class Scheduler:
         wanted = [(s, self.state[s].epoch) for s in shards if s in self.state]
         sent = _local_ms()
         try:
-            replies = await self.engine.tick_many(wanted, node=self.node)
+            replies = await self.dispatch.tick_many(wanted, node=self.node)
         except TimewheelError as exc:
             for shard, _ in wanted:
                 self._failed("tick", shard, exc)
@@ -184,16 +172,16 @@ class Scheduler:
         if st is None:
             return
         st.last_consumed = res.consumed
-        if res.consumed >= self.engine.settings.tick_batch:
+        if res.consumed >= self.settings.tick_batch:
             st.next_tick_ms = 0.0  # a backlog is due now: come straight back
         else:
-            sweep = float(res.now_ms + self.engine.settings.sweep_ms)
+            sweep = float(res.now_ms + self.settings.sweep_ms)
             due = float(res.next_due_ms) if res.next_due_ms is not None else sweep
             st.next_tick_ms = min(due, sweep)
         self._plan_promote(st, res.promoted_until_ms, res.next_bucket_ms)
 
     def _plan_promote(self, st: ShardState, promoted_until: int, next_bucket: int | None) -> None:
-        horizon = self.engine.settings.horizon_ms
+        horizon = self.settings.horizon_ms
         # Promote again once the horizon reaches promoted_until, or a bucket comes within
         # it (a bucket can appear before promoted_until only if promotion fell behind).
         when = promoted_until - horizon
@@ -206,7 +194,7 @@ class Scheduler:
         if st is None:
             return None
         try:
-            res = await self.engine.promote(shard, node=self.node, epoch=st.epoch)
+            res = await self.dispatch.promote(shard, node=self.node, epoch=st.epoch)
         except TimewheelError as exc:
             self._failed("promote", shard, exc)
             return None
@@ -230,24 +218,25 @@ class Scheduler:
             return
         st.next_expire_ms = now + EXPIRE_EVERY_MS
         try:
-            deleted, more = await self.engine.expire_finished(shard)
+            expired = await self.dispatch.expire(shard)
         except TimewheelError as exc:
             self._failed("expire", shard, exc)
             return
-        self.counters.expired += deleted
-        if more:
+        self.counters.expired += expired.deleted
+        if expired.more:
             st.next_expire_ms = 0.0
 
     async def _reap(self, shard: int, now: float) -> None:
         st = self.state.get(shard)
         if st is None:
             return
-        st.next_reap_ms = now + self.engine.settings.reap_interval_ms
+        st.next_reap_ms = now + self.settings.reap_interval_ms
         try:
-            retried, buried = await self.engine.reap(shard, node=self.node, epoch=st.epoch)
+            reaped = await self.dispatch.reap(shard, node=self.node, epoch=st.epoch)
         except TimewheelError as exc:
             self._failed("reap", shard, exc)
             return
+        retried, buried = reaped.retried, reaped.buried
         if retried or buried:
             self.counters.reaped += retried + buried
             log.info("leases_expired", shard=shard, retried=retried, dead=buried)
@@ -259,7 +248,7 @@ class Scheduler:
         planner keeps up; once it is behind, batch after batch for up to
         PLAN_CATCH_UP_S. Shards not reached go first next pass: planning never holds
         Redis for long, and no shard waits behind the others."""
-        settings = self.engine.settings
+        settings = self.settings
         budget = settings.plan_batch
         behind = False
         deadline = time.monotonic() + PLAN_CATCH_UP_S
@@ -278,7 +267,7 @@ class Scheduler:
             # +-25 % jitter: shards started together drift apart and plan at different times.
             st.next_plan_ms = now + settings.plan_interval_ms * random.uniform(0.75, 1.25)
             try:
-                res = await self.engine.plan(
+                res = await self.planner.plan(
                     shard, node=self.node, epoch=st.epoch, clock_ms=now, limit=budget
                 )
             except TimewheelError as exc:
@@ -298,7 +287,7 @@ class Scheduler:
 
     def _failed(self, op: str, shard: int, exc: TimewheelError) -> None:
         if isinstance(exc, LeaseLost):
-            self._drop(shard, "lease_lost", op=op)
+            self.ownership.drop(shard, "lease_lost", op=op)
             return
         self.counters.errors += 1
         log.warning("scheduler_call_failed", op=op, shard=shard, error=str(exc))
@@ -311,69 +300,9 @@ class Scheduler:
         elif op == "promote":
             st.next_promote_ms = retry_at
 
-    # -- leases -----------------------------------------------------------------------
-
-    def _drop(self, shard: int, reason: str, **fields: object) -> None:
-        st = self.state.pop(shard, None)
-        if st is None:
-            return
-        self.metrics.lease_lost.labels(reason).inc()
-        self.metrics.owned.set(len(self.state))
-        log.info(
-            "lease_dropped", shard=shard, epoch=st.epoch, reason=reason, node=self.node, **fields
-        )
-
-    async def lease_round(self) -> None:
-        """Heartbeat, then give up, renew and take leases to match this node's share."""
-        assert self.leases is not None
-        live = await self.leases.heartbeat()
-        wanted = share_of(self.node, live, self.engine.settings.shards)
-        owned = dict(self.state)
-        renewals = [(s, st) for s, st in owned.items() if s in wanted]
-        results = await asyncio.gather(*(self.leases.renew(s, int(st.epoch)) for s, st in renewals))
-        for (shard, _), held in zip(renewals, results, strict=True):
-            if not held:
-                self._drop(shard, "lease_lost", op="renew")
-        for shard in [s for s in owned if s not in wanted]:
-            await self._release(shard, "rebalance")
-        missing = sorted(wanted - set(self.state))
-        epochs = await asyncio.gather(*(self.leases.acquire(s) for s in missing))
-        for shard, epoch in zip(missing, epochs, strict=True):
-            if epoch is None:
-                continue  # its previous owner still holds it; it expires or is released
-            self.state[shard] = ShardState(epoch=str(epoch))
-            self.metrics.lease_acquired.inc()
-            log.info("lease_acquired", shard=shard, epoch=epoch, node=self.node)
-        self.metrics.owned.set(len(self.state))
-        if missing:
-            self.woken.set()
-
-    async def _release(self, shard: int, reason: str) -> None:
-        assert self.leases is not None
-        st = self.state.get(shard)
-        if st is None:
-            return
-        self._drop(shard, reason)
-        while shard in self._busy:  # let the call in flight on this shard finish
-            await asyncio.sleep(0.001)
-        with contextlib.suppress(TimewheelError):
-            await self.leases.release(shard, int(st.epoch))
-
-    async def _lease_loop(self, stop: asyncio.Event) -> None:
-        assert self.leases is not None
-        interval_s = self.leases.ttl_ms / 4000.0  # renew at ttl/4
-        while not stop.is_set():
-            try:
-                await self.lease_round()
-            except TimewheelError as exc:
-                # Renewals failing for a whole ttl make every script refuse: no harm done.
-                log.warning("lease_round_failed", error=str(exc), node=self.node)
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=interval_s)
-
     async def _rates_loop(self, stop: asyncio.Event) -> None:
-        """Reconcile the shards' copies of tenants' dispatch rates (timewheel/rates.py)."""
-        rates = self.engine.dispatch_rates()
+        """Reconcile the shards' copies of tenants' dispatch rates (dispatch/rates.py)."""
+        rates = DispatchRates.of(self.store)
         while not stop.is_set():
             try:
                 changed = await rates.sync()
@@ -383,13 +312,6 @@ class Scheduler:
                 log.warning("dispatch_rates_sync_failed", error=str(exc), node=self.node)
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=SYNC_EVERY_S)
-
-    async def _leave(self) -> None:
-        assert self.leases is not None
-        for shard in list(self.state):
-            await self._release(shard, "shutdown")
-        with contextlib.suppress(TimewheelError):
-            await self.leases.heartbeat(leaving=True)
 
     # -- the loop ---------------------------------------------------------------------
 
@@ -407,7 +329,7 @@ class Scheduler:
             ),
             default=float("inf"),
         )
-        wait_ms = min(earliest - self._shard_now(), float(self.engine.settings.poll_cap_ms))
+        wait_ms = min(earliest - self._shard_now(), float(self.settings.poll_cap_ms))
         return max(wait_ms, 0.0) / 1000.0
 
     def wake(self, shard: int) -> None:
@@ -421,12 +343,16 @@ class Scheduler:
     async def run(self, stop: asyncio.Event) -> None:
         """Run until `stop` is set; the pass in progress finishes, then leases are released."""
         helpers = [
-            asyncio.create_task(self._listen_for_wakeups(stop)),
+            asyncio.create_task(
+                listen_for_wakeups(
+                    self.settings.redis_url, self.store.keys.wake_channel(), self.wake, stop
+                )
+            ),
             asyncio.create_task(self._rates_loop(stop)),
         ]
-        if self.leases is not None:
-            await self.lease_round()
-            helpers.append(asyncio.create_task(self._lease_loop(stop)))
+        if self.ownership.leases is not None:
+            await self.ownership.round()
+            helpers.append(asyncio.create_task(self.ownership.keep(stop)))
         log.info("scheduler_started", node=self.node or None, shards=len(self.state))
         try:
             while not stop.is_set():
@@ -447,27 +373,8 @@ class Scheduler:
             for helper in helpers:
                 with contextlib.suppress(asyncio.CancelledError):
                     await helper
-            if self.leases is not None:
-                await self._leave()
+            if self.ownership.leases is not None:
+                await self.ownership.leave()
             log.info(
                 "scheduler_stopped", node=self.node or None, dispatched=self.counters.dispatched
             )
-
-    async def _listen_for_wakeups(self, stop: asyncio.Event) -> None:
-        # A plain connection to the URL's node: PUBLISH reaches every node of a Cluster.
-        channel = self.engine.keys.wake_channel()
-        while not stop.is_set():
-            client = aioredis.Redis.from_url(self.engine.settings.redis_url)
-            try:
-                async with client.pubsub() as pubsub:
-                    await pubsub.subscribe(channel)
-                    while not stop.is_set():
-                        msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
-                        if msg and msg.get("type") == "message":
-                            with contextlib.suppress(ValueError):
-                                self.wake(int(msg["data"]))
-            except (RedisError, OSError) as exc:
-                log.warning("wake_listener_failed", error=str(exc))
-                await asyncio.sleep(0.5)
-            finally:
-                await client.aclose()

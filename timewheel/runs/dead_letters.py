@@ -7,10 +7,10 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
-from timewheel import ids
-from timewheel.engine import Engine
-from timewheel.errors import RedisUnavailable, TaskNotFound
+from timewheel.errors import RedisUnavailable
 from timewheel.store.library import check
+from timewheel.store.shard import Call, Store, clock_arg
+from timewheel.types import field_int, field_text
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,18 +30,14 @@ class DeadLetter:
     entry_id: str
 
 
-def _text(fields: dict[bytes, bytes], name: str) -> str:
-    return fields.get(name.encode(), b"").decode()
-
-
 async def list_dead(
-    engine: Engine, tenant: str, *, limit: int = 100, after: str | None = None
+    store: Store, tenant: str, *, limit: int = 100, after: str | None = None
 ) -> tuple[list[DeadLetter], str | None]:
     """A page of the tenant's dead letters, oldest first, and the cursor of the next page.
 
     The cursor is '<shard>-<entry id>' of the last item; pass it as `after`.
     """
-    shards = sorted(engine.shards_of(tenant))
+    shards = sorted(store.shards_of(tenant))
     start_shard, start_id = shards[0], "-"
     if after:
         shard_text, _, entry = after.partition("-")
@@ -52,21 +48,21 @@ async def list_dead(
             if shard < start_shard:
                 continue
             low = start_id if shard == start_shard else "-"
-            entries: Any = await engine.client.xrange(
-                engine.keys.dead(shard, tenant), min=low, max="+", count=limit - len(out)
+            entries: Any = await store.client.xrange(
+                store.keys.dead(shard, tenant), min=low, max="+", count=limit - len(out)
             )
             for entry_id, fields in entries:
                 out.append(
                     DeadLetter(
-                        run_id=_text(fields, "run_id"),
-                        tenant=_text(fields, "tenant"),
-                        queue=_text(fields, "queue"),
-                        attempt=int(_text(fields, "attempt") or 0),
-                        reason=_text(fields, "reason"),
-                        error=_text(fields, "error"),
-                        dead_ms=int(_text(fields, "dead_ms") or 0),
-                        due_ms=int(_text(fields, "due_ms") or 0),
-                        payload_json=_text(fields, "payload"),
+                        run_id=field_text(fields, "run_id") or "",
+                        tenant=field_text(fields, "tenant") or "",
+                        queue=field_text(fields, "queue") or "",
+                        attempt=field_int(fields, "attempt") or 0,
+                        reason=field_text(fields, "reason") or "",
+                        error=field_text(fields, "error") or "",
+                        dead_ms=field_int(fields, "dead_ms") or 0,
+                        due_ms=field_int(fields, "due_ms") or 0,
+                        payload_json=field_text(fields, "payload") or "",
                         entry_id=f"{shard}-{entry_id.decode()}",
                     )
                 )
@@ -77,33 +73,42 @@ async def list_dead(
     return out, None
 
 
-def _shard(engine: Engine, run_id: str) -> int:
-    shard = ids.shard_of(run_id)
-    if shard is None or shard >= engine.settings.shards:
-        raise TaskNotFound(run_id)
-    return shard
+def _replayed(run_id: str) -> Any:
+    def decode(reply: list[Any]) -> int:
+        check(reply, run_id=run_id, action="replay")
+        return int(reply[1])
+
+    return decode
 
 
-async def replay(engine: Engine, tenant: str, run_id: str) -> int:
+def _purged(run_id: str) -> Any:
+    def decode(reply: list[Any]) -> None:
+        check(reply, run_id=run_id, action="purge")
+
+    return decode
+
+
+async def replay(store: Store, tenant: str, run_id: str) -> int:
     """Put a dead-lettered run back into the wheel, due now, attempt reset; returns due_ms."""
-    shard = _shard(engine, run_id)
-    k, s = engine.keys, engine.settings
-    reply = await engine.call(
-        engine.scripts.dead_replay,
+    shard = store.locate(run_id)
+    k = store.keys
+    call = Call(
+        store.scripts.dead_replay,
         [k.dead(shard, tenant), k.events(shard)],
-        [run_id, tenant, s.bucket_ms, "", s.event_log_max, k.wake_channel(), shard],
+        [run_id, tenant, *store.shared(shard, None)],
+        _replayed(run_id),
     )
-    check(reply, run_id=run_id, action="replay")
-    return int(reply[1])
+    return await store.run(call)
 
 
-async def purge(engine: Engine, tenant: str, run_id: str) -> None:
+async def purge(store: Store, tenant: str, run_id: str) -> None:
     """Delete a dead-lettered run for good (its dead letter and its record)."""
-    shard = _shard(engine, run_id)
-    k = engine.keys
-    reply = await engine.call(
-        engine.scripts.dead_purge,
+    shard = store.locate(run_id)
+    k = store.keys
+    call = Call(
+        store.scripts.dead_purge,
         [k.dead(shard, tenant), k.events(shard)],
-        [run_id, tenant, "", engine.settings.event_log_max],
+        [run_id, tenant, clock_arg(None), store.settings.event_log_max],
+        _purged(run_id),
     )
-    check(reply, run_id=run_id, action="purge")
+    await store.run(call)

@@ -1,7 +1,8 @@
-"""Executor-side operations of the Engine: ack, fail, lease heartbeat, consumer groups.
+"""What an executor reports about a run: ack, fail, lease extension, consumer groups.
 
 Where a run goes when its executor is done: `ack` (lua/run_ack.lua) marks it succeeded;
-`fail` (lua/run_fail.lua) puts it back into the wheel after backoff or into the dead letters.
+`fail` (lua/run_fail.lua) puts it back into the wheel after backoff, or into the dead
+letters.
 """
 
 from __future__ import annotations
@@ -9,19 +10,21 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from redis.exceptions import RedisError, ResponseError
 
-from timewheel.config import Settings
 from timewheel.errors import RedisUnavailable
-from timewheel.models import Delivery
-from timewheel.store.connection import RedisClient
-from timewheel.store.keys import Keys
-from timewheel.store.library import Script, ScriptArg, Scripts, check
+from timewheel.runs.delivery import Delivery
+from timewheel.store.library import check
+from timewheel.store.shard import Call, Store, clock_arg
 
-if TYPE_CHECKING:
-    from timewheel.store.pipeline import ScriptCall
+MAX_ERROR_CHARS = 2000
+"""The longest error text kept as last_error and in a dead letter."""
+
+ACKED = 1
+RETRIED, BURIED = 1, 2
+"""run_ack.lua's and run_fail.lua's codes (0: the delivery was stale)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,57 +37,60 @@ class FailResult:
     dead_entry: str | None = None
 
 
-def _arg(value: int | None) -> ScriptArg:
-    return "" if value is None else value
+def _acked(run_id: str) -> Any:
+    def decode(reply: list[Any]) -> bool:
+        check(reply, run_id=run_id, action="ack")
+        return int(reply[0]) == ACKED
+
+    return decode
 
 
-class OutcomeOps:
-    """Mixed into Engine, which provides the connection, settings, keys and scripts."""
+def _failed(run_id: str) -> Any:
+    def decode(reply: list[Any]) -> FailResult:
+        check(reply, run_id=run_id, action="fail")
+        code = int(reply[0])
+        if code == RETRIED:
+            return FailResult("retry", due_ms=int(reply[1]))
+        if code == BURIED:
+            return FailResult("dead", dead_entry=reply[1].decode())
+        return FailResult("stale")
 
-    client: RedisClient
-    settings: Settings
-    keys: Keys
-    scripts: Scripts
+    return decode
 
-    if TYPE_CHECKING:
 
-        async def call(
-            self, script: Script, keys: Sequence[str], args: Sequence[ScriptArg]
-        ) -> Any: ...
+class Outcomes:
+    """The executor-side calls of one deployment."""
 
-        async def _pipeline(self, calls: list[ScriptCall]) -> list[Any]: ...
+    def __init__(self, store: Store):
+        self.store = store
 
-    def _ack_call(
-        self, delivery: Delivery, group: str, now_ms: int | None
-    ) -> tuple[Script, list[str], list[ScriptArg]]:
-        shard = self.keys.shard_of_key(delivery.stream)
-        s = self.settings
-        args: list[ScriptArg] = [
-            group,
-            delivery.entry_id,
-            delivery.run_id,
-            delivery.attempt,
-            s.bucket_ms,
-            _arg(now_ms),
-            s.event_log_max,
-            self.keys.wake_channel(),
-            shard,
-        ]
-        return self.scripts.run_ack, [delivery.stream, self.keys.events(shard)], args
+    def ack_call(self, delivery: Delivery, group: str, now_ms: int | None = None) -> Call[bool]:
+        k = self.store.keys
+        shard = k.shard_of_key(delivery.stream)
+        return Call(
+            self.store.scripts.run_ack,
+            [delivery.stream, k.events(shard)],
+            [
+                group,
+                delivery.entry_id,
+                delivery.run_id,
+                delivery.attempt,
+                *self.store.shared(shard, now_ms),
+            ],
+            _acked(delivery.run_id),
+        )
 
     async def ack(self, delivery: Delivery, group: str, *, now_ms: int | None = None) -> bool:
         """Acknowledge a delivery: XACK + XDEL, state -> succeeded. False if it was stale."""
-        reply = await self.call(*self._ack_call(delivery, group, now_ms))
-        check(reply, run_id=delivery.run_id, action="ack")
-        return int(reply[0]) == 1
+        return await self.store.run(self.ack_call(delivery, group, now_ms))
 
     async def ack_many(self, deliveries: Sequence[Delivery], group: str) -> list[bool]:
         """Acknowledge many deliveries in one pipeline; each answer as `ack` gives it.
 
         A run whose record is gone (purged) counts as not acknowledged (False).
         """
-        replies = await self._pipeline([self._ack_call(d, group, None) for d in deliveries])
-        return [int(r[0]) == 1 for r in replies]
+        replies = await self.store.send([self.ack_call(d, group) for d in deliveries])
+        return [int(r[0]) == ACKED for r in replies]
 
     async def fail(
         self,
@@ -105,58 +111,48 @@ class OutcomeOps:
             permanent: dead-letter at once, whatever attempts remain.
             delay_ms: wait this long instead of the policy's backoff (Retry-After).
         """
-        shard = self.keys.shard_of_key(delivery.stream)
-        s = self.settings
-        reply = await self.call(
-            self.scripts.run_fail,
-            [delivery.stream, self.keys.events(shard)],
+        k, s = self.store.keys, self.store.settings
+        shard = k.shard_of_key(delivery.stream)
+        call = Call(
+            self.store.scripts.run_fail,
+            [delivery.stream, k.events(shard)],
             [
                 group,
                 delivery.entry_id,
                 delivery.run_id,
                 delivery.attempt,
-                error[:2000],
+                error[:MAX_ERROR_CHARS],
                 "1" if permanent else "0",
-                _arg(delay_ms),
+                clock_arg(delay_ms),
                 repr(random.random()),
                 s.retry_defaults_json(),
-                s.bucket_ms,
-                _arg(now_ms),
-                s.event_log_max,
-                self.keys.wake_channel(),
-                shard,
+                *self.store.shared(shard, now_ms),
             ],
+            _failed(delivery.run_id),
         )
-        check(reply, run_id=delivery.run_id, action="fail")
-        code = int(reply[0])
-        if code == 1:
-            return FailResult("retry", due_ms=int(reply[1]))
-        if code == 2:
-            return FailResult("dead", dead_entry=reply[1].decode())
-        return FailResult("stale")
+        return await self.store.run(call)
 
     async def extend_lease(self, delivery: Delivery, group: str, consumer: str) -> bool:
-        """Reset the entry's idle time (XCLAIM JUSTID by its own consumer): a heartbeat.
-
-        False if the entry is gone (the reaper took it, or it was acknowledged).
-        """
+        """Reset the entry's idle time (XCLAIM JUSTID by its own consumer), so the reaper
+        leaves it alone. False if the entry is gone (reaped, or acknowledged)."""
         try:
-            claimed = await self.client.xclaim(
+            claimed = await self.store.client.xclaim(
                 delivery.stream, group, consumer, 0, [delivery.entry_id], justid=True
             )
         except (RedisError, OSError) as exc:
-            raise RedisUnavailable(f"heartbeat failed: {exc}") from exc
+            raise RedisUnavailable(f"lease extension failed: {exc}") from exc
         return bool(claimed)
 
     async def register_group(self, stream: str, group: str) -> None:
         """Create a consumer group on a ready stream (from its start) and let reapers see it."""
-        shard = self.keys.shard_of_key(stream)
+        shard = self.store.keys.shard_of_key(stream)
+        client = self.store.client
         try:
             try:
-                await self.client.xgroup_create(stream, group, id="0", mkstream=True)
+                await client.xgroup_create(stream, group, id="0", mkstream=True)
             except ResponseError as exc:
                 if "BUSYGROUP" not in str(exc):
                     raise
-            await self.client.sadd(self.keys.groups(shard), f"{group}|{stream}")
+            await client.sadd(self.store.keys.groups(shard), f"{group}|{stream}")
         except (RedisError, OSError) as exc:
             raise RedisUnavailable(f"cannot create group {group!r} on {stream}: {exc}") from exc

@@ -16,10 +16,11 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from timewheel.engine import Engine
 from timewheel.errors import ConfigError, PermanentError
-from timewheel.models import Delivery
-from timewheel.runs.worker import DEFAULT_GROUP, Retry, Worker
+from timewheel.runs.delivery import Delivery
+from timewheel.runs.signals import Retry
+from timewheel.runs.worker import DEFAULT_GROUP, Worker
+from timewheel.store.shard import Store
 
 
 def retry_after_s(value: str | None, now_s: float | None = None) -> float | None:
@@ -41,7 +42,7 @@ class WebhookExecutor:
 
     def __init__(
         self,
-        engine: Engine,
+        store: Store,
         tenant: str,
         queue: str,
         *,
@@ -58,7 +59,7 @@ class WebhookExecutor:
         self.url = url
         self.allow_hosts = {h.lower() for h in allow_hosts}
         self.timeout_s = timeout_s
-        self.worker = Worker(engine, tenant, queue, group=group, concurrency=concurrency)
+        self.worker = Worker(store, tenant, queue, group=group, concurrency=concurrency)
         self.http = httpx.AsyncClient(timeout=timeout_s, follow_redirects=False)
 
     async def aclose(self) -> None:

@@ -25,9 +25,12 @@ import structlog
 from redis.exceptions import RedisError
 
 from timewheel.config import Settings
-from timewheel.engine import Engine, validate_name
 from timewheel.errors import PermanentError, RedisUnavailable, TimewheelError
-from timewheel.models import Delivery
+from timewheel.ids import validate_name
+from timewheel.runs.delivery import Delivery, parse_entry
+from timewheel.runs.outcomes import Outcomes
+from timewheel.runs.signals import Retry
+from timewheel.store.shard import Store
 
 log = structlog.get_logger("timewheel.worker")
 
@@ -36,45 +39,12 @@ DEFAULT_GROUP = "timewheel"
 Handler = Callable[[Delivery], Awaitable[None]] | Callable[[Delivery], None]
 
 
-class Retry(Exception):
-    """Raise from a handler to retry the run after `delay_s` (None: the policy's backoff)."""
-
-    def __init__(self, delay_s: float | None = None, reason: str = "retry requested"):
-        super().__init__(reason)
-        self.delay_s = delay_s
-        self.reason = reason
-
-
-def _text(value: bytes | None) -> str:
-    return "" if value is None else value.decode()
-
-
-def parse_entry(stream: str, entry_id: bytes, fields: dict[bytes, bytes]) -> Delivery:
-    """A Delivery from one ready-stream entry (the envelope of DESIGN.md section 6)."""
-    schedule = fields.get(b"schedule_id")
-    visibility = fields.get(b"visibility_timeout_ms")
-    return Delivery(
-        stream=stream,
-        entry_id=entry_id.decode(),
-        run_id=_text(fields.get(b"run_id")),
-        task_id=_text(fields.get(b"task_id")),
-        schedule_id=schedule.decode() if schedule else None,
-        tenant=_text(fields.get(b"tenant")),
-        queue=_text(fields.get(b"queue")),
-        attempt=int(fields.get(b"attempt", b"0")),
-        due_ms=int(fields.get(b"due_ms", b"0")),
-        dispatched_ms=int(fields.get(b"dispatched_ms", b"0")),
-        payload_json=_text(fields.get(b"payload")),
-        visibility_timeout_ms=int(visibility) if visibility else None,
-    )
-
-
 class Worker:
     """Reads one tenant's queue from every shard stream of that tenant, as one consumer."""
 
     def __init__(
         self,
-        engine: Engine,
+        store: Store,
         tenant: str,
         queue: str,
         *,
@@ -82,13 +52,14 @@ class Worker:
         consumer: str | None = None,
         concurrency: int = 10,
     ) -> None:
-        self.engine = engine
+        self.store = store
+        self.outcomes = Outcomes(store)
         self.tenant = validate_name(tenant, "tenant")
         self.queue = validate_name(queue, "queue")
         self.group = validate_name(group, "group")
         self.consumer = consumer or f"{socket.gethostname()}-{os.getpid()}"
         self.concurrency = max(1, concurrency)
-        self.streams = [engine.keys.stream(s, tenant, queue) for s in engine.shards_of(tenant)]
+        self.streams = [store.keys.stream(s, tenant, queue) for s in store.shards_of(tenant)]
         self.handled = 0
         self.failed = 0
         self._groups_ready = False
@@ -99,7 +70,7 @@ class Worker:
     async def ensure_groups(self) -> None:
         """Create the consumer group on each stream (from its start, so nothing is missed)."""
         for stream in self.streams:
-            await self.engine.register_group(stream, self.group)
+            await self.outcomes.register_group(stream, self.group)
         self._groups_ready = True
 
     async def read(self, count: int = 100, block_ms: int = 1000) -> list[Delivery]:
@@ -107,7 +78,7 @@ class Worker:
         if not self._groups_ready:
             await self.ensure_groups()
         try:
-            if self.engine.is_cluster and len(self.streams) > 1:
+            if self.store.is_cluster and len(self.streams) > 1:
                 # Cluster: one call per shard (each stream may live on another node).
                 replies = await asyncio.gather(
                     *(self._read_one({s: ">"}, count, block_ms) for s in self.streams)
@@ -125,7 +96,7 @@ class Worker:
 
     async def _read_one(self, streams: dict[str, str], count: int, block_ms: int) -> list[Any]:
         wanted: dict[Any, Any] = dict(streams)
-        reply = await self.engine.client.xreadgroup(
+        reply = await self.store.client.xreadgroup(
             self.group, self.consumer, wanted, count=count, block=block_ms
         )
         if isinstance(reply, dict):  # RESP3 shape
@@ -134,7 +105,7 @@ class Worker:
 
     async def ack(self, delivery: Delivery) -> bool:
         """Mark a delivery done (state succeeded). False if the run had moved on."""
-        return await self.engine.ack(delivery, self.group)
+        return await self.outcomes.ack(delivery, self.group)
 
     async def fail(
         self,
@@ -146,14 +117,14 @@ class Worker:
     ) -> str:
         """Fail this attempt; returns 'retry', 'dead' or 'stale'."""
         delay_ms = None if delay_s is None else max(0, round(delay_s * 1000))
-        res = await self.engine.fail(
+        res = await self.outcomes.fail(
             delivery, self.group, error, permanent=permanent, delay_ms=delay_ms
         )
         return res.outcome
 
     def heartbeat_interval_s(self, delivery: Delivery) -> float:
         """A third of the run's visibility timeout: two heartbeats may be lost safely."""
-        timeout = delivery.visibility_timeout_ms or self.engine.settings.visibility_timeout_ms
+        timeout = delivery.visibility_timeout_ms or self.store.settings.visibility_timeout_ms
         return max(0.05, timeout / 3000.0)
 
     async def _keep_leases(self) -> None:
@@ -172,7 +143,7 @@ class Worker:
                     self._in_flight[delivery] = now + self.heartbeat_interval_s(delivery)
             for stream, deliveries in due.items():
                 try:
-                    await self.engine.client.xclaim(
+                    await self.store.client.xclaim(
                         stream,
                         self.group,
                         self.consumer,
@@ -191,7 +162,7 @@ class Worker:
             while not self._acks.empty() and len(batch) < 1000:
                 batch.append(self._acks.get_nowait())
             try:
-                answers = await self.engine.ack_many([d for d, _ in batch], self.group)
+                answers = await self.outcomes.ack_many([d for d, _ in batch], self.group)
             except TimewheelError as exc:
                 for _, done in batch:
                     done.set_exception(exc)
@@ -301,15 +272,15 @@ def run_worker(
     """
 
     async def main() -> int:
-        engine = await Engine.connect(settings or Settings.from_env())
+        store = await Store.connect(settings or Settings.from_env())
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         try:
-            worker = Worker(engine, tenant, queue, group=group, concurrency=concurrency)
+            worker = Worker(store, tenant, queue, group=group, concurrency=concurrency)
             return await worker.run(handler, stop)
         finally:
-            await engine.close()
+            await store.close()
 
     return asyncio.run(main())

@@ -19,9 +19,11 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
-from timewheel.engine import Engine
 from timewheel.errors import RedisUnavailable, TaskNotFound, ValidationError
-from timewheel.schedules.ops import Schedule
+from timewheel.schedules.model import Schedule
+from timewheel.schedules.ops import ScheduleOps
+from timewheel.store.shard import Store
+from timewheel.types import text
 
 MAX_SCANNED_PER_PAGE = 10_000
 SSCAN_COUNT = 500
@@ -37,15 +39,11 @@ def _parse_cursor(cursor: str | None) -> tuple[int, int, str]:
         raise ValidationError("cursor is not one this API gave out", field="cursor") from None
 
 
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 async def list_schedules(
-    engine: Engine, tenant: str, *, limit: int = 100, cursor: str | None = None
+    store: Store, tenant: str, *, limit: int = 100, cursor: str | None = None
 ) -> tuple[list[Schedule], str | None]:
     """A page of the tenant's schedules and the next cursor (None: no more)."""
-    shards = sorted(engine.shards_of(tenant))
+    shards = sorted(store.shards_of(tenant))
     shard_index, scan, after = _parse_cursor(cursor)
     ids: list[str] = []
     scanned = 0
@@ -56,18 +54,18 @@ async def list_schedules(
             break
         shard = shards[shard_index]
         try:
-            next_scan, members = await engine.client.sscan(
-                engine.keys.schedules(shard), cursor=scan, count=SSCAN_COUNT
+            next_scan, members = await store.client.sscan(
+                store.keys.schedules(shard), cursor=scan, count=SSCAN_COUNT
             )
-            found = sorted(sid for sid in map(_text, members) if sid > after)
-            pipe: Any = engine.client.pipeline(transaction=False)
+            found = sorted(sid for sid in map(text, members) if sid > after)
+            pipe: Any = store.client.pipeline(transaction=False)
             for sid in found:
-                pipe.hget(engine.keys.schedule(shard, sid), "tenant")
+                pipe.hget(store.keys.schedule(shard, sid), "tenant")
             owners = await pipe.execute() if found else []
         except (RedisError, OSError) as exc:
             raise RedisUnavailable(f"cannot list schedules: {exc}") from exc
         scanned += len(found)
-        mine = [sid for sid, o in zip(found, owners, strict=True) if o and _text(o) == tenant]
+        mine = [sid for sid, o in zip(found, owners, strict=True) if o and text(o) == tenant]
         room = limit - len(ids)
         if len(mine) > room:
             # Small sets answer a whole step at once, whatever COUNT says: stop inside the
@@ -82,7 +80,7 @@ async def list_schedules(
         else:
             scan = int(next_scan)
     got = await asyncio.gather(
-        *(engine.get_schedule(tenant, sid) for sid in ids), return_exceptions=True
+        *(ScheduleOps(store).get(tenant, sid) for sid in ids), return_exceptions=True
     )
     items = []
     for item in got:

@@ -26,7 +26,7 @@ from typing import Any, Self, cast
 
 import httpx
 
-from timewheel.errors import TransportError
+from timewheel.sdk.errors import TransportError
 from timewheel.sdk.requests import (
     UNSET,
     ApiKey,

@@ -7,11 +7,11 @@ import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal, TypedDict
+from typing import Any, TypedDict
 
 import httpx
 
-from timewheel.errors import (
+from timewheel.sdk.errors import (
     ApiError,
     AuthenticationError,
     BadRequestError,
@@ -23,6 +23,7 @@ from timewheel.errors import (
     ServerError,
     UnprocessableError,
 )
+from timewheel.types import StateName
 
 UNSET: Any = object()
 """Marks an argument the caller did not give (where None is a value, e.g. a payload)."""
@@ -37,7 +38,7 @@ ERRORS: dict[int, type[ApiError]] = {
     429: RateLimitedError,
 }
 
-State = Literal["scheduled", "dispatched", "succeeded", "cancelled", "dead", "skipped"]
+State = StateName
 
 
 class Task(TypedDict, total=False):

@@ -30,7 +30,7 @@ from redis.exceptions import ResponseError
 
 from timewheel.errors import ConfigError, InvalidState, LeaseLost, ScriptError, TaskNotFound
 from timewheel.store.connection import RedisClient
-from timewheel.store.record import TaskState
+from timewheel.types import TaskState
 
 OPERATIONS = (
     "task_create",

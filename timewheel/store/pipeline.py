@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import math
-from typing import Any, TypeAlias
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import hiredis
 import redis.asyncio as aioredis
@@ -20,12 +21,22 @@ from timewheel.errors import RedisUnavailable, ReplicasBehind
 from timewheel.store.connection import SOCKET_TIMEOUT_S, RedisClient
 from timewheel.store.library import Script, ScriptArg, is_missing_function
 
-ScriptCall: TypeAlias = tuple[Script, list[str], list[ScriptArg]]
-"""One script call: the script, its KEYS, its ARGV."""
+
+class ScriptCall(Protocol):
+    """What a pipeline sends of a call: the script, its KEYS, its ARGV (store/shard.py)."""
+
+    @property
+    def script(self) -> Script: ...
+
+    @property
+    def keys(self) -> list[str]: ...
+
+    @property
+    def args(self) -> list[ScriptArg]: ...
 
 
 async def run_pipeline(
-    client: RedisClient, calls: list[ScriptCall], *, replicas: tuple[int, int] | None = None
+    client: RedisClient, calls: Sequence[ScriptCall], *, replicas: tuple[int, int] | None = None
 ) -> list[Any]:
     """Run script calls in one pipeline; calls refused because the server lacks the
     library (a new or emptied server) load it and are sent again.
@@ -52,14 +63,15 @@ async def run_pipeline(
             if is_missing_function(result) and attempt == 0:
                 missing.append(i)
             elif isinstance(result, Exception):
-                raise RedisUnavailable(f"{calls[i][0].name} failed: {result}") from result
+                raise RedisUnavailable(f"{calls[i].script.name} failed: {result}") from result
             else:
                 replies[i] = result
         if replicas is not None and len(missing) < len(todo):
             _check_acks(acks, replicas)  # something was written: it must be replicated
         if not missing:
             break
-        for library in {calls[i][0].library.name: calls[i][0].library for i in missing}.values():
+        libraries = {calls[i].script.library.name: calls[i].script.library for i in missing}
+        for library in libraries.values():
             await library.load(client)
         todo = missing
     return replies
@@ -70,7 +82,7 @@ async def _send(
 ) -> tuple[list[Any], list[Any]]:
     """One pipeline of `calls` (then a WAIT per connection used, when `replicas` is given):
     (the calls' replies, the WAIT replies)."""
-    commands = [("FCALL", c[0].function, len(c[1]), *c[1], *c[2]) for c in calls]
+    commands = [("FCALL", c.script.function, len(c.keys), *c.keys, *c.args) for c in calls]
     if not isinstance(client, RedisCluster):
         wait = [("WAIT", *replicas)] if replicas is not None else []
         results = await _send_packed(client, commands + wait)
@@ -83,9 +95,9 @@ async def _send(
         # Per node, the cluster pipeline sends that node's commands in order on one
         # connection: a WAIT routed there follows its writes.
         for call in calls:
-            node = client.get_node_from_key(call[1][0])
+            node = client.get_node_from_key(call.keys[0])
             if node is None:
-                raise RedisUnavailable(f"no node serves {call[1][0]!r}")
+                raise RedisUnavailable(f"no node serves {call.keys[0]!r}")
             nodes[node.name] = node
         for node in nodes.values():
             pipe.execute_command("WAIT", *replicas, target_nodes=node)

@@ -1,19 +1,19 @@
 """The task record as Lua stores it: msgpack values packed back to back, trailing nils
 left out.
 
-The field order is shared with lua/lib/record.lua; tests/test_scripts.py checks
+The field order is shared with lua/lib/record.lua; a test checks
 that both sides agree.
 """
 
 from __future__ import annotations
 
 import json
-from enum import IntEnum
 from typing import Any
 
 import msgpack
 
-from timewheel.models import Task
+from timewheel.tasks.model import Task
+from timewheel.types import TaskState
 
 FIELDS = (
     "state",
@@ -29,22 +29,6 @@ FIELDS = (
     "schedule_id",
     "dead_entry",
 )
-
-
-class TaskState(IntEnum):
-    """States of a run (DESIGN.md section 2), as the integers the records hold."""
-
-    SCHEDULED = 0
-    DISPATCHED = 1
-    SUCCEEDED = 2
-    CANCELLED = 3
-    DEAD = 4
-    SKIPPED = 5
-    """A schedule's run that was not sent: a misfire under its catchup policy, or overlap."""
-
-    @property
-    def label(self) -> str:
-        return self.name.lower()
 
 
 def decode_fields(raw: bytes, sent: bool = False) -> list[Any]:

@@ -21,11 +21,13 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
-from timewheel.engine import Engine
 from timewheel.errors import RedisUnavailable, ValidationError
 from timewheel.ids import ALPHABET
-from timewheel.models import Task
 from timewheel.store import record
+from timewheel.store.shard import Store
+from timewheel.tasks.model import Task
+from timewheel.tasks.ops import TaskOps
+from timewheel.types import TaskState
 
 HASHES_PER_SHARD = len(ALPHABET) ** 2
 MAX_HASHES_PER_PAGE = HASHES_PER_SHARD
@@ -65,7 +67,7 @@ def _keep(task: Task, tenant: str, queue: str | None, state: str | None) -> bool
 
 
 async def list_tasks(
-    engine: Engine,
+    store: Store,
     tenant: str,
     *,
     queue: str | None = None,
@@ -74,7 +76,7 @@ async def list_tasks(
     cursor: str | None = None,
 ) -> tuple[list[Task], str | None]:
     """A page of the tenant's tasks (filtered by queue and state) and the next cursor."""
-    shards = sorted(engine.shards_of(tenant))
+    shards = sorted(store.shards_of(tenant))
     pos = _parse_cursor(cursor)
     out: list[Task] = []
     visited = examined = 0
@@ -86,21 +88,22 @@ async def list_tasks(
         shard = shards[pos.shard_index]
         span = range(pos.bucket, min(HASHES_PER_SHARD, pos.bucket + PIPELINE))
         try:
-            pipe: Any = engine.client.pipeline(transaction=False)
+            pipe: Any = store.client.pipeline(transaction=False)
             for i, bucket in enumerate(span):
-                key = engine.keys.tag(shard) + "t:" + _suffix(bucket)
+                key = store.keys.tag(shard) + "t:" + _suffix(bucket)
                 pipe.hscan(key, cursor=pos.hscan if i == 0 else 0, count=HSCAN_COUNT)
             replies: list[Any] = await pipe.execute()
         except (RedisError, OSError) as exc:
             raise RedisUnavailable(f"cannot list tasks: {exc}") from exc
-        sent = await engine.sent_runs(shard, _tenant_waiting(engine, shard, span, replies, tenant))
+        waiting = _tenant_waiting(store, shard, span, replies, tenant)
+        sent = await TaskOps(store).sent_runs(shard, waiting)
         for i, (bucket, (next_hscan, entries)) in enumerate(zip(span, replies, strict=True)):
             visited += 1
             examined += len(entries)
             after = pos.after if i == 0 else ""
-            key = engine.keys.tag(shard) + "t:" + _suffix(bucket)
+            key = store.keys.tag(shard) + "t:" + _suffix(bucket)
             found = {
-                engine.keys.run_id_in_body(shard, key, f.decode()): raw
+                store.keys.run_id_in_body(shard, key, f.decode()): raw
                 for f, raw in entries.items()
             }
             for run_id in sorted(found):
@@ -127,16 +130,16 @@ async def list_tasks(
 
 
 def _tenant_waiting(
-    engine: Engine, shard: int, span: range, replies: list[Any], tenant: str
+    store: Store, shard: int, span: range, replies: list[Any], tenant: str
 ) -> list[Task]:
     """The tenant's records in `replies` that say scheduled (a record's first byte is its
     state): which of them were sent is read from the near level (Engine.sent_runs)."""
     out = []
     for bucket, (_, entries) in zip(span, replies, strict=True):
-        key = engine.keys.tag(shard) + "t:" + _suffix(bucket)
+        key = store.keys.tag(shard) + "t:" + _suffix(bucket)
         for f, raw in entries.items():
-            if raw[:1] == bytes([record.TaskState.SCHEDULED]):
-                task = record.decode(engine.keys.run_id_in_body(shard, key, f.decode()), raw)
+            if raw[:1] == bytes([TaskState.SCHEDULED]):
+                task = record.decode(store.keys.run_id_in_body(shard, key, f.decode()), raw)
                 if task.tenant == tenant:
                     out.append(task)
     return out

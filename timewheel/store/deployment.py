@@ -1,0 +1,90 @@
+"""What a deployment's Redis must be before timewheel writes to it: the fixed layout,
+durable settings, and how many replicas a write can wait for."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import RedisError
+
+from timewheel.config import Settings
+from timewheel.errors import ConfigError, RedisUnavailable
+from timewheel.store.connection import RedisClient
+from timewheel.store.keys import Keys
+from timewheel.types import text
+
+
+def _primaries(client: RedisClient) -> list[Any]:
+    """Every primary of a Cluster, or [None] for the one standalone server."""
+    return client.get_primaries() if isinstance(client, RedisCluster) else [None]
+
+
+async def ensure_layout(client: RedisClient, settings: Settings) -> None:
+    """Record shards and bucket_ms on first use; refuse settings that disagree later.
+
+    Raises:
+        ConfigError: the deployment was created with another shard count or bucket width.
+    """
+    key = Keys(settings.prefix).layout()
+    try:
+        await client.hsetnx(key, "shards", settings.shards)
+        await client.hsetnx(key, "bucket_ms", settings.bucket_ms)
+        stored = await client.hgetall(key)
+    except (RedisError, OSError) as exc:
+        raise RedisUnavailable(f"cannot read layout key {key!r}: {exc}") from exc
+    for name in ("shards", "bucket_ms"):
+        have = int(stored[name.encode()])
+        if have != getattr(settings, name):
+            raise ConfigError(
+                f"Setting {name!r} is {getattr(settings, name)} but the deployment "
+                f"under prefix {settings.prefix!r} was created with {have}."
+            )
+
+
+async def check_durability(client: RedisClient, settings: Settings) -> None:
+    """Refuse a Redis whose settings break the promise that an acknowledged create is
+    never lost: AOF off (a restart loses everything since the last RDB save), or a
+    maxmemory-policy other than noeviction (Redis would evict tasks under pressure).
+    Every primary of a Cluster is checked.
+
+    Raises:
+        ConfigError: a setting breaks the promise, or CONFIG GET is not allowed here.
+    """
+    for node in _primaries(client):
+        where = f"{node.host}:{node.port}" if node is not None else settings.redis_url
+        target = {} if node is None else {"target_nodes": node}
+        try:
+            found = await client.config_get("appendonly", **target)
+            found.update(await client.config_get("maxmemory-policy", **target))
+        except (RedisError, OSError) as exc:
+            raise ConfigError(
+                f"cannot read the durability settings of Redis at {where} ({exc}); "
+                "pass --unsafe-durability to run without checking"
+            ) from exc
+        values = {text(k): text(v) for k, v in found.items()}
+        problems = []
+        if values.get("appendonly") != "yes":
+            problems.append(f"appendonly is {values.get('appendonly')!r} (need yes)")
+        if values.get("maxmemory-policy") != "noeviction":
+            problems.append(
+                f"maxmemory-policy is {values.get('maxmemory-policy')!r} (need noeviction)"
+            )
+        if problems:
+            raise ConfigError(
+                f"Redis at {where} would lose acknowledged tasks: {'; '.join(problems)}. "
+                "Use deploy/redis.conf, or pass --unsafe-durability to run anyway."
+            )
+
+
+async def fewest_replicas(client: RedisClient) -> int:
+    """The fewest connected replicas of any primary (INFO replication)."""
+    counts = []
+    try:
+        for node in _primaries(client):
+            target = {} if node is None else {"target_nodes": node}
+            info = await client.info("replication", **target)
+            counts.append(int(info.get("connected_slaves", 0)))
+    except (RedisError, OSError) as exc:
+        raise RedisUnavailable(f"cannot read INFO replication: {exc}") from exc
+    return min(counts, default=0)

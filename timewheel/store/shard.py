@@ -1,0 +1,139 @@
+"""The one way Python calls a Lua operation: a typed `Call` run by a `Store`.
+
+Each operation module builds its calls with named arguments (tasks/ops.py builds
+task_create, dispatch/tick.py builds dispatch_tick, ...) and gives each one the decoder
+of that script's reply, which returns a dataclass. A `Store` holds what every call
+needs: the connection, the key names, the loaded library and the settings, and builds
+the trailing arguments most scripts share in one place (`Store.shared`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import RedisError
+
+from timewheel import ids
+from timewheel.config import Settings
+from timewheel.errors import RedisUnavailable, TaskNotFound
+from timewheel.store import deployment
+from timewheel.store.connection import RedisClient, connect
+from timewheel.store.keys import Keys
+from timewheel.store.library import Script, ScriptArg, Scripts
+from timewheel.store.pipeline import run_pipeline
+
+R = TypeVar("R")
+
+
+@dataclass(frozen=True, slots=True)
+class Call(Generic[R]):
+    """One call of a Lua operation: its function, KEYS and ARGV, and its reply decoder."""
+
+    script: Script
+    keys: list[str]
+    args: list[ScriptArg]
+    decode: Callable[[Any], R]
+
+
+def clock_arg(now_ms: int | None) -> ScriptArg:
+    """The clock override scripts take: '' means the server's TIME (every real call)."""
+    return "" if now_ms is None else now_ms
+
+
+class Store:
+    """One deployment's Redis (standalone or Cluster) and everything a call needs."""
+
+    def __init__(self, client: RedisClient, settings: Settings, scripts: Scripts | None = None):
+        self.client = client
+        self.settings = settings
+        self.keys = Keys(settings.prefix)
+        self.scripts = scripts or Scripts()
+        self.is_cluster = isinstance(client, RedisCluster)
+        self.replicas_ack = max(settings.min_replicas_ack, 0)
+        """Replicas a client's write waits for (WAIT) before it is answered."""
+
+    @classmethod
+    async def connect(cls, settings: Settings) -> Store:
+        """Connect, check the deployment layout, and count the replicas to wait for."""
+        store = cls(await connect(settings.redis_url), settings)
+        try:
+            await deployment.ensure_layout(store.client, settings)
+            if settings.min_replicas_ack < 0:
+                store.replicas_ack = min(1, await deployment.fewest_replicas(store.client))
+        except BaseException:
+            await store.close()
+            raise
+        return store
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+    async def ping(self) -> bool:
+        try:
+            return bool(await self.client.ping())
+        except (RedisError, OSError):
+            return False
+
+    # -- placement ---------------------------------------------------------------------
+
+    def shards_of(self, tenant: str) -> list[int]:
+        """The shards holding a tenant's tasks and ready streams."""
+        return ids.tenant_shards(tenant, self.settings.default_spread, self.settings.shards)
+
+    def locate(self, run_id: str) -> int:
+        """The shard of a task, run or schedule id. Raises TaskNotFound for a malformed
+        id or one past this deployment's shards."""
+        shard = ids.shard_of(run_id)
+        if shard is None or shard >= self.settings.shards:
+            raise TaskNotFound(run_id)
+        return shard
+
+    def shared(self, shard: int, now_ms: int | None, *, wake: bool = True) -> list[ScriptArg]:
+        """The trailing arguments most scripts take, in their order: bucket width, clock
+        override, event log cap, and (with `wake`) the wake channel and the shard."""
+        s = self.settings
+        tail: list[ScriptArg] = [s.bucket_ms, clock_arg(now_ms), s.event_log_max]
+        if wake:
+            tail += [self.keys.wake_channel(), shard]
+        return tail
+
+    # -- running calls -----------------------------------------------------------------
+
+    async def run(self, call: Call[R]) -> R:
+        """Run one call and decode its reply; connection failures are RedisUnavailable."""
+        try:
+            reply = await call.script(self.client, call.keys, call.args)
+        except (RedisError, OSError) as exc:
+            if "timewheel:" in str(exc):
+                raise
+            raise RedisUnavailable(f"{call.script.name} failed: {exc}") from exc
+        return call.decode(reply)
+
+    async def write(self, call: Call[R]) -> R:
+        """A client's change (create, cancel, reschedule): one call, answered only once
+        `replicas_ack` replicas have it."""
+        if not self.replicas_ack:
+            return await self.run(call)
+        [reply] = await run_pipeline(self.client, [call], replicas=self._replicas())
+        return call.decode(reply)
+
+    async def write_many(self, calls: Sequence[Call[R]]) -> list[R]:
+        """Many client changes in one pipeline, then the replica wait, decoded in order."""
+        replies = await run_pipeline(self.client, calls, replicas=self._replicas())
+        return [c.decode(r) for c, r in zip(calls, replies, strict=True)]
+
+    async def send(self, calls: Sequence[Call[Any]]) -> list[Any]:
+        """Many calls in one pipeline (one per node on Cluster); the replies undecoded,
+        for a caller that decodes each on its own (a fenced-out shard among many)."""
+        return await run_pipeline(self.client, calls)
+
+    async def run_many(self, calls: Sequence[Call[R]]) -> list[R]:
+        """Many calls in one pipeline, decoded in order."""
+        replies = await run_pipeline(self.client, calls)
+        return [c.decode(r) for c, r in zip(calls, replies, strict=True)]
+
+    def _replicas(self) -> tuple[int, int] | None:
+        return (self.replicas_ack, self.settings.replica_wait_ms) if self.replicas_ack else None

@@ -1,0 +1,276 @@
+"""Operations on one-shot tasks: create, get, cancel and update, each one Lua call on
+the task's shard.
+
+Where a task goes: `create` puts it in its shard's wheel, the near level or a far
+bucket (lua/task_create.lua); `cancel` and `update` change it while it is still
+scheduled (lua/task_cancel.lua, lua/task_update.lua). From there the scheduler moves it
+on (timewheel/dispatch/tick.py). Python only reads (`get`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from redis.exceptions import RedisError
+
+from timewheel import ids
+from timewheel.errors import (
+    PayloadTooLarge,
+    RedisUnavailable,
+    ScriptError,
+    TaskNotFound,
+    ValidationError,
+)
+from timewheel.store import record
+from timewheel.store.library import ScriptArg, check
+from timewheel.store.shard import Call, Store, clock_arg
+from timewheel.tasks import window
+from timewheel.tasks.model import CreateResult, NewTask, PreparedCreate, Task
+
+CREATE_CHUNK = 200
+"""Most tasks one task_create.lua call carries (keeps a call near a few ms)."""
+
+Created = tuple[PreparedCreate, CreateResult]
+"""One task of a task_create.lua call: its request and what the call did with it."""
+
+CREATED, COLLISION = 1, 2
+"""task_create.lua's per-task codes besides 0 (the idempotency key's task exists)."""
+
+
+def _created(prepared: PreparedCreate, reply: list[Any]) -> CreateResult:
+    """One task's part of a task_create.lua reply."""
+    code = int(reply[0])
+    if code == CREATED:
+        due_ms, wake, created_ms = int(reply[1]), bool(int(reply[2])), int(reply[3])
+        task = Task.created(prepared.task_id, prepared.new, due_ms, created_ms)
+        return CreateResult(task, True, wake)
+    if code == COLLISION:
+        raise ScriptError(f"run id collision {prepared.task_id}")
+    return CreateResult(record.decode(prepared.task_id, reply[1]), False)
+
+
+def _changed(run_id: str, action: str) -> Any:
+    """The decoder of task_cancel.lua and task_update.lua: the record after the change."""
+
+    def decode(reply: list[Any]) -> Task:
+        check(reply, run_id=run_id, action=action)
+        return record.decode(run_id, reply[1])
+
+    return decode
+
+
+class TaskOps:
+    """The task operations of one deployment."""
+
+    def __init__(self, store: Store):
+        self.store = store
+
+    def check_payload(self, payload_json: str) -> None:
+        """Raise PayloadTooLarge if the encoded payload is over the deployment's limit."""
+        size = len(payload_json.encode())
+        limit = self.store.settings.max_payload_bytes
+        if size > limit:
+            raise PayloadTooLarge(f"payload is {size} bytes; the limit is {limit}", field="payload")
+
+    # -- create ------------------------------------------------------------------------
+
+    def prepare(self, new: NewTask) -> PreparedCreate:
+        """Validate a create and give it its id, shard and task_create.lua values.
+
+        Raises:
+            ValidationError: a name or time is malformed.
+            PayloadTooLarge: the payload is over the configured limit.
+        """
+        ids.validate_name(new.tenant, "tenant")
+        ids.validate_name(new.queue, "queue")
+        self.check_payload(new.payload_json)
+        if (new.run_at_ms is None) == (new.delay_ms is None):
+            raise ValidationError("give exactly one of run_at or delay", field="run_at")
+        if new.idempotency_key is not None:
+            token = ids.idempotent_token(new.tenant, new.idempotency_key)
+        else:
+            token = ids.new_token()
+        s = self.store.settings
+        shard = ids.shard_for(new.tenant, token, s.default_spread, s.shards)
+        task_id = ids.make_task_id(shard, token)
+        offset = window.offset_ms(token, window.option_ms(new.options, "window_s"))
+        group: list[ScriptArg] = [
+            task_id,
+            new.tenant,
+            new.queue,
+            "" if new.run_at_ms is None else new.run_at_ms + offset,
+            0 if new.delay_ms is None else new.delay_ms + offset,
+            new.payload_json,
+            json.dumps(dict(new.options), separators=(",", ":")) if new.options else "",
+            "1" if new.idempotency_key is not None else "0",
+        ]
+        return PreparedCreate(new, task_id, shard, group)
+
+    def create_calls(
+        self, prepared: Sequence[PreparedCreate], now_ms: int | None = None
+    ) -> list[Call[list[Created]]]:
+        """The task_create.lua calls for `prepared`: one per shard and chunk of
+        CREATE_CHUNK, each decoding to (prepared, result) for the tasks it carries."""
+        by_shard: dict[int, list[PreparedCreate]] = {}
+        for p in prepared:
+            by_shard.setdefault(p.shard, []).append(p)
+        k, scripts = self.store.keys, self.store.scripts
+        calls: list[Call[list[Created]]] = []
+        for shard, group in by_shard.items():
+            head = self.store.shared(shard, now_ms)
+            for low in range(0, len(group), CREATE_CHUNK):
+                chunk = group[low : low + CREATE_CHUNK]
+                args = head + [v for p in chunk for v in p.group]
+
+                def decode(reply: list[Any], chunk: list[PreparedCreate] = chunk) -> Any:
+                    return [(p, _created(p, r)) for p, r in zip(chunk, reply, strict=True)]
+
+                calls.append(
+                    Call(scripts.task_create, [k.meta(shard), k.events(shard)], args, decode)
+                )
+        return calls
+
+    async def create(self, new: NewTask, *, now_ms: int | None = None) -> CreateResult:
+        """Schedule a one-shot task; an existing idempotency key returns the existing task.
+
+        Raises:
+            ValidationError: a name or time is malformed.
+            PayloadTooLarge: the payload is over the configured limit.
+        """
+        [call] = self.create_calls([self.prepare(new)], now_ms)
+        [(_, result)] = await self.store.write(call)
+        return result
+
+    async def create_many(self, batch: Sequence[NewTask]) -> list[CreateResult]:
+        """Create many tasks: one task_create.lua call per shard (and chunk), all in one
+        pipeline (on Cluster, one per node, sent concurrently); results in batch order."""
+        prepared = [self.prepare(new) for new in batch]
+        calls = self.create_calls(prepared)
+        by_request = {
+            id(p): result for chunk in await self.store.write_many(calls) for p, result in chunk
+        }
+        return [by_request[id(p)] for p in prepared]
+
+    # -- read, cancel, update ----------------------------------------------------------
+
+    async def get(self, tenant: str, task_id: str) -> Task:
+        """The task as stored. Another tenant's id is TaskNotFound, like an unknown one."""
+        shard = self.store.locate(task_id)
+        k = self.store.keys
+        sid = task_id.split("@", 1)[0] if "@" in task_id else None
+        try:
+            # What record_sent (lua/lib/record.lua) reads, in the same round trip: the
+            # keys share the shard's hash tag, so one node on Cluster too.
+            pipe = self.store.client.pipeline(transaction=False)
+            pipe.hget(k.body(shard, task_id), k.body_field(task_id))
+            pipe.hget(k.meta(shard), "promoted_until")
+            pipe.zscore(k.near(shard, tenant), task_id)
+            pipe.hget(k.schedule(shard, sid or "-"), "held")
+            raw, promoted, score, held = await pipe.execute()
+        except (RedisError, OSError) as exc:
+            raise RedisUnavailable(f"get failed: {exc}") from exc
+        if not isinstance(raw, bytes):
+            raise TaskNotFound(task_id)
+        task = record.decode(task_id, raw)
+        if task.tenant != tenant:
+            raise TaskNotFound(task_id)
+        if task.state == "scheduled" and record.is_sent(
+            task_id, task.due_ms, promoted, score, held
+        ):
+            task = record.decode(task_id, raw, sent=True)
+        return task
+
+    async def sent_runs(self, shard: int, tasks: Sequence[Task]) -> set[str]:
+        """The run ids of `tasks` (records read from `shard`) that say scheduled but were
+        sent (lua/lib/record.lua, record_sent): one round trip."""
+        waiting = [t for t in tasks if t.state == "scheduled"]
+        if not waiting:
+            return set()
+        k = self.store.keys
+        try:
+            pipe = self.store.client.pipeline(transaction=False)
+            pipe.hget(k.meta(shard), "promoted_until")
+            for t in waiting:
+                pipe.zscore(k.near(shard, t.tenant), t.run_id)
+                # '-' names no schedule: a one-shot run is never held.
+                pipe.hget(k.schedule(shard, t.schedule_id or "-"), "held")
+            replies: list[Any] = await pipe.execute()
+        except (RedisError, OSError) as exc:
+            raise RedisUnavailable(f"cannot read the near level: {exc}") from exc
+        promoted = replies[0]
+        return {
+            t.run_id
+            for i, t in enumerate(waiting)
+            if record.is_sent(t.run_id, t.due_ms, promoted, replies[1 + 2 * i], replies[2 + 2 * i])
+        }
+
+    def cancel_call(self, tenant: str, task_id: str, now_ms: int | None = None) -> Call[Task]:
+        shard = self.store.locate(task_id)
+        k = self.store.keys
+        return Call(
+            self.store.scripts.task_cancel,
+            [k.meta(shard), k.body(shard, task_id), k.events(shard)],
+            [task_id, tenant, *self.store.shared(shard, now_ms, wake=False)],
+            _changed(task_id, "cancel"),
+        )
+
+    async def cancel(self, tenant: str, task_id: str, *, now_ms: int | None = None) -> Task:
+        """Cancel a scheduled task. Raises TaskNotFound, or InvalidState once dispatched."""
+        return await self.store.write(self.cancel_call(tenant, task_id, now_ms))
+
+    def update_call(
+        self,
+        tenant: str,
+        task_id: str,
+        *,
+        run_at_ms: int | None = None,
+        delay_ms: int | None = None,
+        payload_json: str | None = None,
+        now_ms: int | None = None,
+    ) -> Call[Task]:
+        shard = self.store.locate(task_id)
+        k = self.store.keys
+        return Call(
+            self.store.scripts.task_update,
+            [k.meta(shard), k.body(shard, task_id), k.events(shard)],
+            [
+                task_id,
+                tenant,
+                clock_arg(run_at_ms),
+                clock_arg(delay_ms),
+                payload_json or "",
+                *self.store.shared(shard, now_ms),
+            ],
+            _changed(task_id, "reschedule"),
+        )
+
+    async def update(
+        self,
+        tenant: str,
+        task_id: str,
+        *,
+        run_at_ms: int | None = None,
+        delay_ms: int | None = None,
+        payload_json: str | None = None,
+        now_ms: int | None = None,
+    ) -> Task:
+        """Reschedule and/or replace the payload of a scheduled task.
+
+        Raises:
+            TaskNotFound: unknown id or another tenant's.
+            InvalidState: the task is no longer scheduled.
+            PayloadTooLarge: the new payload is over the limit.
+        """
+        if payload_json is not None:
+            self.check_payload(payload_json)
+        call = self.update_call(
+            tenant,
+            task_id,
+            run_at_ms=run_at_ms,
+            delay_ms=delay_ms,
+            payload_json=payload_json,
+            now_ms=now_ms,
+        )
+        return await self.store.write(call)
