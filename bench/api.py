@@ -112,11 +112,27 @@ async def load(port: int, key: str, mode: str, seconds: float, connections: int,
 def run_load(port: int, key: str, mode: str, args: argparse.Namespace) -> dict[str, Any]:
     """The load in a process of its own; its summary comes back on stdout."""
     proc = subprocess.run(
-        [sys.executable, __file__, "load", "--port", str(port), "--key", key, "--mode", mode,
-         "--seconds", str(args.seconds),
-         "--connections", str(args.connections if mode == "single" else args.batch_connections),
-         "--batch", str(args.batch)],
-        capture_output=True, text=True, timeout=args.seconds + 120, check=True,
+        [
+            sys.executable,
+            __file__,
+            "load",
+            "--port",
+            str(port),
+            "--key",
+            key,
+            "--mode",
+            mode,
+            "--seconds",
+            str(args.seconds),
+            "--connections",
+            str(args.connections if mode == "single" else args.batch_connections),
+            "--batch",
+            str(args.batch),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=args.seconds + 120,
+        check=True,
     )
     result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
     return result
@@ -145,9 +161,21 @@ def start_api(redis_url: str, admin_key: str, log: Path) -> tuple[subprocess.Pop
     env = {**os.environ, "TIMEWHEEL_ADMIN_KEY": admin_key}
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "timewheel.cli", "api", "--redis-url", redis_url,
-             "--port", str(port), "--log-level", "warning"],
-            stdout=out, stderr=subprocess.STDOUT, env=env,
+            [
+                sys.executable,
+                "-m",
+                "timewheel.cli",
+                "api",
+                "--redis-url",
+                redis_url,
+                "--port",
+                str(port),
+                "--log-level",
+                "warning",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
         )
     deadline = time.monotonic() + 30
     while True:
@@ -171,9 +199,9 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--connections", type=int, default=32)
         p.add_argument("--batch", type=int, default=1000)
         a = p.parse_args(argv[1:])
-        print(json.dumps(asyncio.run(
-            load(a.port, a.key, a.mode, a.seconds, a.connections, a.batch)
-        )))
+        print(
+            json.dumps(asyncio.run(load(a.port, a.key, a.mode, a.seconds, a.connections, a.batch)))
+        )
         return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=20.0, help="length of each part")
@@ -202,9 +230,22 @@ def main(argv: list[str] | None = None) -> int:
                     spy = None
                     if args.py_spy:
                         spy = subprocess.Popen(
-                            ["py-spy", "record", "-p", str(proc.pid), "-r", "200", "-f", "raw",
-                             "-o", str(args.py_spy / f"{part}.txt"), "-d", str(int(args.seconds))],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            [
+                                "py-spy",
+                                "record",
+                                "-p",
+                                str(proc.pid),
+                                "-r",
+                                "200",
+                                "-f",
+                                "raw",
+                                "-o",
+                                str(args.py_spy / f"{part}.txt"),
+                                "-d",
+                                str(int(args.seconds)),
+                            ],
+                            stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL,
                         )
                     cpu_before = redis_cpu_s(server.url)
                     api_before = process_cpu_s(proc.pid)

@@ -80,7 +80,9 @@ async def creates_single(engine: Engine, seconds: float, callers: int = 32) -> f
 
     async def caller(n: int) -> None:
         while time.perf_counter() - started < seconds:
-            await engine.tasks.create(NewTask(tenant=f"t{n}", payload_json=PAYLOAD, delay_ms=HOUR_MS))
+            await engine.tasks.create(
+                NewTask(tenant=f"t{n}", payload_json=PAYLOAD, delay_ms=HOUR_MS)
+            )
             counts[n] += 1
 
     await asyncio.gather(*(caller(n) for n in range(callers)))

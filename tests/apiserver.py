@@ -42,8 +42,16 @@ def start_api(redis_url: str, log: Path) -> tuple[subprocess.Popen[bytes], ApiSe
     }
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "timewheel.cli", "api", "--redis-url", redis_url,
-             "--port", str(port)],
+            [
+                sys.executable,
+                "-m",
+                "timewheel.cli",
+                "api",
+                "--redis-url",
+                redis_url,
+                "--port",
+                str(port),
+            ],
             stdout=out,
             stderr=subprocess.STDOUT,
             env=env,

@@ -381,7 +381,9 @@ async def test_archiver_rides_through_restarts_of_redis_and_postgres(
     async def create(n: int) -> None:
         for _ in range(100):  # the first call after a restart may meet a dead connection
             try:
-                await engine.tasks.create_many([NewTask(tenant="a", delay_ms=60_000) for _ in range(n)])
+                await engine.tasks.create_many(
+                    [NewTask(tenant="a", delay_ms=60_000) for _ in range(n)]
+                )
                 return
             except RedisUnavailable:
                 await asyncio.sleep(0.05)

@@ -155,7 +155,9 @@ async def test_restore_brings_back_pending_tasks_after_flushall(
                 await engine.tasks.get(tasks[task_id], task_id)
         # Dispatched and not acknowledged at the wipe: back, due, same run id, next attempt.
         for task_id in unacked:
-            got = await engine.tasks.get("t0" if task_id in {r.task_id for r in early} else "t1", task_id)
+            got = await engine.tasks.get(
+                "t0" if task_id in {r.task_id for r in early} else "t1", task_id
+            )
             assert (got.state, got.attempt) == ("scheduled", 1)
         # A scheduler dispatches them all: the overdue ones now, the rest once due (a
         # fake clock two days ahead stands for waiting).
@@ -249,7 +251,9 @@ async def test_restore_script_writes_the_record_and_places_it_in_the_wheel(
         last_error="boom",
     )
     keys, bucket_ms = [engine.keys.meta(3)], engine.settings.bucket_ms
-    reply = await engine.store.scripts.restore_runs(engine.client, keys, [bucket_ms, 1, *run.args(run_id)])
+    reply = await engine.store.scripts.restore_runs(
+        engine.client, keys, [bucket_ms, 1, *run.args(run_id)]
+    )
     assert reply == [1, 0]
     task = await engine.tasks.get("a", run_id)
     assert (task.state, task.attempt, task.due_ms, task.queue, task.created_ms) == (
@@ -269,10 +273,14 @@ async def test_restore_script_writes_the_record_and_places_it_in_the_wheel(
     bucket = engine.keys.bucket(3, 5_000_000 - 5_000_000 % bucket_ms)
     assert await engine.client.hexists(bucket, engine.keys.bucket_member(run_id))  # far level
     # A run already there is left alone; malformed input is an error reply.
-    again = await engine.store.scripts.restore_runs(engine.client, keys, [bucket_ms, 1, *run.args(run_id)])
+    again = await engine.store.scripts.restore_runs(
+        engine.client, keys, [bucket_ms, 1, *run.args(run_id)]
+    )
     assert again == [0, 1]
     with pytest.raises(ResponseError, match="n <= 200 groups of 11"):
-        await engine.store.scripts.restore_runs(engine.client, keys, [bucket_ms, 2, *run.args(run_id)])
+        await engine.store.scripts.restore_runs(
+            engine.client, keys, [bucket_ms, 2, *run.args(run_id)]
+        )
 
 
 def test_archiver_stores_entries_it_does_not_know_instead_of_stopping() -> None:

@@ -181,4 +181,6 @@ def test_api_and_scheduler_refuse_a_redis_that_would_lose_tasks(tmp_path: Path) 
 
 
 async def test_a_safe_redis_passes_the_durability_check(engine: Engine) -> None:
-    await deployment.check_durability(engine.client, engine.settings)  # AOF always, noeviction: no error (every primary)
+    await deployment.check_durability(
+        engine.client, engine.settings
+    )  # AOF always, noeviction: no error (every primary)

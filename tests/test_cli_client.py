@@ -44,7 +44,14 @@ async def test_every_client_command(
     made = run_json(capsys, "tenant", "create", tenant, "--max-pending", "100", *admin)
     assert made["id"] == tenant and made["limits"]["max_pending"] == 100
     changed = run_json(
-        capsys, "tenant", "update", tenant, "--dispatch-rate", "2.5", "--max-pending", "none",
+        capsys,
+        "tenant",
+        "update",
+        tenant,
+        "--dispatch-rate",
+        "2.5",
+        "--max-pending",
+        "none",
         *admin,
     )
     assert changed["limits"]["dispatch_rate"] == 2.5 and changed["limits"]["max_pending"] is None
@@ -54,8 +61,18 @@ async def test_every_client_command(
     as_tenant = [*url, "--key", key["key"]]
 
     task = run_json(
-        capsys, "task", "create", "--delay", "60", "--queue", "q1", "--payload", '{"a": 1}',
-        "--max-attempts", "2", *as_tenant,
+        capsys,
+        "task",
+        "create",
+        "--delay",
+        "60",
+        "--queue",
+        "q1",
+        "--payload",
+        '{"a": 1}',
+        "--max-attempts",
+        "2",
+        *as_tenant,
     )
     assert task["state"] == "scheduled" and task["payload"] == {"a": 1}
     code, out, _ = run(capsys, "task", "create", "--delay", "60", *as_tenant)

@@ -21,8 +21,9 @@ class Flaky:
         self.requests.append(request)
         if len(self.requests) <= self.failures:
             raise httpx.ConnectError("refused", request=request)
-        return httpx.Response(200, json={"id": "t1", "state": "scheduled", "items": [],
-                                         "next_cursor": None})
+        return httpx.Response(
+            200, json={"id": "t1", "state": "scheduled", "items": [], "next_cursor": None}
+        )
 
 
 def test_creates_and_reads_are_retried_with_one_idempotency_key() -> None:

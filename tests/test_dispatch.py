@@ -102,7 +102,9 @@ async def test_worker_reads_every_shard_of_a_spread_tenant(redis_url: str) -> No
         assert len(set(engine.store.shards_of("big"))) == 4
         worker = Worker(engine.store, "big", "default", consumer="w1")
         await worker.ensure_groups()
-        created = await engine.tasks.create_many([NewTask(tenant="big", delay_ms=0) for _ in range(200)])
+        created = await engine.tasks.create_many(
+            [NewTask(tenant="big", delay_ms=0) for _ in range(200)]
+        )
         assert (
             len(
                 {

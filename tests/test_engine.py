@@ -263,7 +263,9 @@ async def test_clock_stepping_back_does_not_reopen_or_delay(engine: Engine) -> N
     assert sorted(d.run_id for d in deliveries) == sorted([first.task_id, late.task_id])
     assert {d.dispatched_ms for d in deliveries} == {NOW + 2000}
     # A run due after the high-water mark still waits for the clock to reach it.
-    later = await engine.tasks.create(NewTask(tenant="acme", run_at_ms=NOW + 2500), now_ms=NOW + 600)
+    later = await engine.tasks.create(
+        NewTask(tenant="acme", run_at_ms=NOW + 2500), now_ms=NOW + 600
+    )
     assert (await engine.dispatch.tick(shard, now_ms=NOW + 700)).dispatched == 0
     assert (await engine.tasks.get("acme", later.task_id)).state == "scheduled"
 
@@ -369,11 +371,17 @@ async def test_a_sent_run_is_dispatched_though_its_record_is_not_rewritten(engin
     deliveries = {d.task_id: d for d in await worker.read(block_ms=100)}
     assert await worker.ack(deliveries[ok])
     await worker.fail(deliveries[bad], "boom", permanent=True)
-    assert ((await engine.tasks.get("acme", ok)).state, (await engine.tasks.get("acme", ok)).attempt) == (
+    assert (
+        (await engine.tasks.get("acme", ok)).state,
+        (await engine.tasks.get("acme", ok)).attempt,
+    ) == (
         "succeeded",
         1,
     )
-    assert ((await engine.tasks.get("acme", bad)).state, (await engine.tasks.get("acme", bad)).attempt) == (
+    assert (
+        (await engine.tasks.get("acme", bad)).state,
+        (await engine.tasks.get("acme", bad)).attempt,
+    ) == (
         "dead",
         1,
     )

@@ -308,7 +308,9 @@ async def test_webhook_retries_500_and_503_with_retry_after_then_acks_200(fast: 
             options={"retry": {"initial_s": 0.1, "jitter": "none"}},
         )
     )
-    hook = WebhookExecutor(fast.store, "acme", "hooks", url=f"http://127.0.0.1:{port}/hook", timeout_s=5)
+    hook = WebhookExecutor(
+        fast.store, "acme", "hooks", url=f"http://127.0.0.1:{port}/hook", timeout_s=5
+    )
     try:
         async with running_scheduler(fast):
             await work_until(hook.worker, hook.deliver, lambda: hook.worker.handled == 1, 15)

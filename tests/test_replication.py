@@ -119,7 +119,9 @@ async def test_no_acknowledged_create_is_lost_when_a_cluster_primary_dies(
                         for i in range(20)
                     ]
                     try:
-                        for new, res in zip(batch, await engine.tasks.create_many(batch), strict=True):
+                        for new, res in zip(
+                            batch, await engine.tasks.create_many(batch), strict=True
+                        ):
                             acked[res.task_id] = new.tenant
                     except RedisUnavailable:
                         failed += 1  # not acknowledged; a client would retry with its key

@@ -31,15 +31,27 @@ class Recorder:
 
 
 EXPECTED: list[tuple[str, str, Any]] = [
-    ("POST", "/v1/schedules", {"cron": "0 9 * * *", "timezone": "Europe/Paris",
-                               "catchup": "latest", "overlap": "skip", "queue": "q"}),
+    (
+        "POST",
+        "/v1/schedules",
+        {
+            "cron": "0 9 * * *",
+            "timezone": "Europe/Paris",
+            "catchup": "latest",
+            "overlap": "skip",
+            "queue": "q",
+        },
+    ),
     ("GET", "/v1/schedules/s1", None),
     ("PATCH", "/v1/schedules/s1", {"every_s": 30, "paused": True}),
     ("POST", "/v1/schedules/s1/pause", None),
     ("POST", "/v1/schedules/s1/resume", None),
     ("POST", "/v1/schedules/s1/trigger", None),
-    ("POST", "/v1/schedules/s1/backfill",
-     {"from": "2026-11-01T00:00:00Z", "to": "2026-11-02T00:00:00Z"}),
+    (
+        "POST",
+        "/v1/schedules/s1/backfill",
+        {"from": "2026-11-01T00:00:00Z", "to": "2026-11-02T00:00:00Z"},
+    ),
     ("GET", "/v1/schedules/s1/runs", None),
     ("DELETE", "/v1/schedules/s1", None),
 ]
@@ -48,8 +60,9 @@ EXPECTED: list[tuple[str, str, Any]] = [
 def test_schedule_methods_follow_the_url_contract() -> None:
     rec = Recorder()
     with Client("http://tw", "k", transport=httpx.MockTransport(rec)) as tw:
-        tw.create_schedule(cron="0 9 * * *", timezone="Europe/Paris", catchup="latest",
-                           overlap="skip", queue="q")
+        tw.create_schedule(
+            cron="0 9 * * *", timezone="Europe/Paris", catchup="latest", overlap="skip", queue="q"
+        )
         tw.get_schedule("s1")
         tw.update_schedule("s1", every_s=30, paused=True)
         tw.pause_schedule("s1")
@@ -64,8 +77,9 @@ def test_schedule_methods_follow_the_url_contract() -> None:
 async def test_async_schedule_methods_follow_the_url_contract() -> None:
     rec = Recorder()
     async with AsyncClient("http://tw", "k", transport=httpx.MockTransport(rec)) as tw:
-        await tw.create_schedule(cron="0 9 * * *", timezone="Europe/Paris", catchup="latest",
-                                 overlap="skip", queue="q")
+        await tw.create_schedule(
+            cron="0 9 * * *", timezone="Europe/Paris", catchup="latest", overlap="skip", queue="q"
+        )
         await tw.get_schedule("s1")
         await tw.update_schedule("s1", every_s=30, paused=True)
         await tw.pause_schedule("s1")
@@ -89,11 +103,20 @@ def tenant_key(api_server: ApiServer) -> str:
 
 def test_every_schedule_endpoint_through_the_sdk(api_server: ApiServer, tenant_key: str) -> None:
     with Client(api_server.url, tenant_key) as tw:
-        s = tw.create_schedule(cron="30 2 * * *", timezone="America/New_York", queue="nightly",
-                               payload={"job": "sync"}, catchup="all", overlap="buffer_one")
+        s = tw.create_schedule(
+            cron="30 2 * * *",
+            timezone="America/New_York",
+            queue="nightly",
+            payload={"job": "sync"},
+            catchup="all",
+            overlap="buffer_one",
+        )
         sid = s["id"]
-        assert (s["state"], s["timezone"], s["overlap"]) == ("active", "America/New_York",
-                                                             "buffer_one")
+        assert (s["state"], s["timezone"], s["overlap"]) == (
+            "active",
+            "America/New_York",
+            "buffer_one",
+        )
         assert tw.get_schedule(sid)["payload"] == {"job": "sync"}
         assert tw.update_schedule(sid, every_s=3600)["every_s"] == 3600
         assert tw.update_schedule(sid, paused=True)["state"] == "paused"
@@ -103,8 +126,9 @@ def test_every_schedule_endpoint_through_the_sdk(api_server: ApiServer, tenant_k
         run_id = tw.trigger_schedule(sid)["run_id"]
         assert run_id.startswith(f"{sid}@manual-")
         assert tw.get_task(run_id)["schedule_id"] == sid
-        back = tw.backfill_schedule(sid, start_at="2026-11-01T00:00:00Z",
-                                    end_at="2026-11-01T05:00:00Z")
+        back = tw.backfill_schedule(
+            sid, start_at="2026-11-01T00:00:00Z", end_at="2026-11-01T05:00:00Z"
+        )
         assert (back["added"], back["existing"]) == (6, 0)
         assert tw.schedule_runs(sid)["schedule_id"] == sid
         assert tw.delete_schedule(sid)["deleted"] is True
@@ -114,12 +138,16 @@ def test_every_schedule_endpoint_through_the_sdk(api_server: ApiServer, tenant_k
             tw.create_schedule(cron="0 9 * * *", timezone="Mars/Olympus")
         assert bad.value.field == "timezone"
         with pytest.raises(UnprocessableError) as bad:
-            tw.create_schedule(every_s=60, start_at="2027-01-02T00:00:00Z",
-                               end_at="2027-01-01T00:00:00Z")
+            tw.create_schedule(
+                every_s=60, start_at="2027-01-02T00:00:00Z", end_at="2027-01-01T00:00:00Z"
+            )
         assert bad.value.field == "end_at"
         other = tw.create_schedule(every_s=60)["id"]
-    with Client(api_server.url, api_server.admin_key) as admin, pytest.raises(
-        PermissionDeniedError  # schedules are a tenant's: the admin key is refused
+    with (
+        Client(api_server.url, api_server.admin_key) as admin,
+        pytest.raises(
+            PermissionDeniedError  # schedules are a tenant's: the admin key is refused
+        ),
     ):
         admin.get_schedule(other)
 
@@ -132,8 +160,15 @@ def test_schedule_cli(api_server: ApiServer, tenant_key: str) -> None:
         return subprocess.run([*cli, *args, *conn], capture_output=True, text=True, timeout=60)
 
     made = run(
-        "create", "--every-s", "60", "--payload", '{"a": 1}', "--overlap", "skip",
-        "--jitter-s", "30",
+        "create",
+        "--every-s",
+        "60",
+        "--payload",
+        '{"a": 1}',
+        "--overlap",
+        "skip",
+        "--jitter-s",
+        "30",
     )
     assert made.returncode == 0, made.stderr
     sid = json.loads(made.stdout)["id"]
@@ -154,8 +189,12 @@ def test_schedule_cli(api_server: ApiServer, tenant_key: str) -> None:
     gone = run("get", sid)
     assert gone.returncode == 1 and "404 not_found" in gone.stderr
     assert "Traceback" not in gone.stderr
-    proc = subprocess.run([*cli, "create", "--cron", "x", "--every-s", "1", *conn],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [*cli, "create", "--cron", "x", "--every-s", "1", *conn],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2 and "not allowed with argument" in proc.stderr
     bad = run("create", "--cron", "61 * * * *")
     assert bad.returncode == 1 and "422" in bad.stderr and "Traceback" not in bad.stderr

@@ -236,7 +236,9 @@ async def test_backfill_materializes_a_past_range_in_order_once(engine: Engine) 
     assert (added, existing) == (5, 0)
     sent = await run_at(engine, NOW + 10)
     assert [d.due_ms for d in sent] == [NOW - 300_000 + i * 60_000 for i in range(5)]
-    assert await engine.schedules.backfill("acme", sid, NOW - 300_000, NOW - 60_000, now_ms=NOW) == (
+    assert await engine.schedules.backfill(
+        "acme", sid, NOW - 300_000, NOW - 60_000, now_ms=NOW
+    ) == (
         0,
         5,
     )

@@ -145,7 +145,6 @@ def in_future(seconds: float) -> str:
     return (datetime.now(UTC) + timedelta(seconds=seconds)).isoformat()
 
 
-
 def _rate_shares(api_server: ApiServer, tenant: str) -> list[float]:
     settings = api_server.settings
     with redis.Redis.from_url(settings.redis_url) as r:
@@ -183,6 +182,7 @@ def test_tenant_limits_change_and_clear(api_server: ApiServer, admin: Client) ->
     with Client(api_server.url, key["key"]) as tenant, pytest.raises(PermissionDeniedError):
         tenant.update_tenant(name, {"dispatch_rate": 1000})
     assert admin.get_tenant(name)["limits"]["dispatch_rate"] is None
+
 
 def test_task_lifecycle(acme: TenantClient) -> None:
     task = acme.create_task(delay=60, queue="evals", payload={"n": 1}, retry={"max_attempts": 3})

@@ -14,7 +14,9 @@ async def _all(engine: Engine, tenant: str, limit: int, **filters: str) -> list[
     seen: list[str] = []
     cursor: str | None = None
     for _ in range(1000):  # bounded
-        items, cursor = await list_tasks(engine.store, tenant, limit=limit, cursor=cursor, **filters)
+        items, cursor = await list_tasks(
+            engine.store, tenant, limit=limit, cursor=cursor, **filters
+        )
         assert len(items) <= limit
         seen.extend(t.id for t in items)
         if cursor is None:
@@ -24,7 +26,9 @@ async def _all(engine: Engine, tenant: str, limit: int, **filters: str) -> list[
 
 async def test_pages_filters_and_tenants(engine: Engine) -> None:
     mine = [
-        (await engine.tasks.create(NewTask("acme", queue="a" if i % 2 else "b", delay_ms=60_000))).task_id
+        (
+            await engine.tasks.create(NewTask("acme", queue="a" if i % 2 else "b", delay_ms=60_000))
+        ).task_id
         for i in range(30)
     ]
     for _ in range(10):

@@ -279,6 +279,7 @@ TASK: Schema = {
     },
 }
 
+
 def page_schema(title: str, item: Schema) -> Schema:
     """A page of a listing: its items and the cursor of the next page (null: the end)."""
     return {

@@ -78,9 +78,7 @@ def response_for(request: Request, exc: Exception) -> Response:
         return JSONResponse({"error": error_body(exc)}, status_code=status, headers=headers)
     if isinstance(exc, HTTPException):
         codes = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
-        return error_response(
-            exc.status_code, codes.get(exc.status_code, "http_error"), exc.detail
-        )
+        return error_response(exc.status_code, codes.get(exc.status_code, "http_error"), exc.detail)
     log.exception("unhandled_error", path=request.url.path)
     return error_response(500, "internal", "internal error; see the server log")
 

@@ -260,4 +260,3 @@ SCHEDULE_RUNS: Schema = {
         },
     },
 }
-

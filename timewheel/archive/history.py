@@ -36,8 +36,6 @@ class RunEvent:
     node: str | None = None
 
 
-
-
 def _event(kind: str, f: dict[bytes, bytes], attempt: int | None) -> RunEvent:
     """A RunEvent from an event-log entry's fields (`attempt` found by the caller: a
     dispatched entry carries one per run)."""

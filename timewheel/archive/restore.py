@@ -229,9 +229,7 @@ async def _restore_shard(
     no_payload = [rid for rid, run in pending if run.payload is None]
     if no_payload:
         log.warning("restore_skipped_no_payload", shard=shard, runs=no_payload[:20])
-    written, existing = await _write(
-        store, shard, (p for p in pending if p[1].payload is not None)
-    )
+    written, existing = await _write(store, shard, (p for p in pending if p[1].payload is not None))
     await _mark_restored(store, conn, snapshot, shard, written)
     return [written, existing, replayed, len(no_payload)]
 

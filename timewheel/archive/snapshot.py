@@ -120,9 +120,7 @@ async def _position(store: Store, shard: int) -> tuple[int, int]:
     return int(ms), int(seq)
 
 
-async def _scan_bodies(
-    store: Store, shard: int, keys: Sequence[str]
-) -> list[tuple[bytes, bytes]]:
+async def _scan_bodies(store: Store, shard: int, keys: Sequence[str]) -> list[tuple[bytes, bytes]]:
     """Every (run id, record) of the given body hashes, one HSCAN step per key per round."""
     out: list[tuple[bytes, bytes]] = []
     cursors = {key: 0 for key in keys}

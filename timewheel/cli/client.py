@@ -83,8 +83,11 @@ def add_client_commands(sub: Any) -> None:
     create.add_argument("--payload", type=_json_arg, help="JSON payload")
     create.add_argument("--idempotency-key")
     create.add_argument("--max-attempts", type=_positive_int)
-    for name, helptext in (("get", "show a task"), ("cancel", "cancel a scheduled task"),
-                           ("runs", "a task's run history")):
+    for name, helptext in (
+        ("get", "show a task"),
+        ("cancel", "cancel a scheduled task"),
+        ("runs", "a task's run history"),
+    ):
         p = tsub.add_parser(name, help=helptext)
         p.add_argument("task_id")
         _connection(p)
@@ -197,8 +200,12 @@ def _task(tw: Client, args: argparse.Namespace) -> tuple[Any, str]:
     if args.action == "create":
         retry = {"max_attempts": args.max_attempts} if args.max_attempts else None
         task = tw.create_task(
-            delay=args.delay, run_at=args.run_at, queue=args.queue, payload=args.payload,
-            idempotency_key=args.idempotency_key, retry=retry,
+            delay=args.delay,
+            run_at=args.run_at,
+            queue=args.queue,
+            payload=args.payload,
+            idempotency_key=args.idempotency_key,
+            retry=retry,
         )
         return task, table([dict(task)], TASK_COLUMNS)
     if args.action == "reschedule":
@@ -237,8 +244,10 @@ def _dlq(tw: Client, args: argparse.Namespace) -> tuple[Any, str]:
 def _tenant(tw: Client, args: argparse.Namespace) -> tuple[Any, str]:
     if args.action == "create":
         tenant = tw.create_tenant(
-            args.tenant_id, max_payload_bytes=args.max_payload_bytes,
-            max_pending=args.max_pending, dispatch_rate=args.dispatch_rate,
+            args.tenant_id,
+            max_payload_bytes=args.max_payload_bytes,
+            max_pending=args.max_pending,
+            dispatch_rate=args.dispatch_rate,
         )
         return tenant, _record(dict(tenant))
     if args.action == "update":
@@ -260,8 +269,14 @@ def _tenant(tw: Client, args: argparse.Namespace) -> tuple[Any, str]:
 def _schedule(tw: Client, args: argparse.Namespace) -> tuple[Any, str]:
     if args.action == "create":
         out = tw.create_schedule(
-            cron=args.cron, every_s=args.every_s, timezone=args.timezone, queue=args.queue,
-            payload=args.payload, catchup=args.catchup, overlap=args.overlap, paused=args.paused,
+            cron=args.cron,
+            every_s=args.every_s,
+            timezone=args.timezone,
+            queue=args.queue,
+            payload=args.payload,
+            catchup=args.catchup,
+            overlap=args.overlap,
+            paused=args.paused,
             jitter_s=args.jitter_s,
         )
         return out, _record(out)
@@ -283,9 +298,7 @@ def _schedule(tw: Client, args: argparse.Namespace) -> tuple[Any, str]:
 def run_client_command(args: argparse.Namespace) -> int:
     """Run a task/dlq/tenant command; ApiError and TransportError propagate to main()."""
     with Client(args.url, args.key) as tw:
-        run = {"task": _task, "dlq": _dlq, "tenant": _tenant, "schedule": _schedule}[
-            args.command
-        ]
+        run = {"task": _task, "dlq": _dlq, "tenant": _tenant, "schedule": _schedule}[args.command]
         data, text = run(tw, args)
     try:
         print(json.dumps(data, indent=2) if args.json else text)

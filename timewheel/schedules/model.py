@@ -145,5 +145,3 @@ def jittered(sid: str, options: dict[str, JSONValue]) -> dict[str, JSONValue]:
     if jitter_ms:
         out["jitter_offset_ms"] = window.offset_ms(sid, jitter_ms)
     return out
-
-

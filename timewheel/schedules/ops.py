@@ -98,9 +98,7 @@ class ScheduleOps:
         )
         return cursor, fires, after
 
-    async def create(
-        self, new: NewSchedule, *, now_ms: int | None = None
-    ) -> tuple[Schedule, bool]:
+    async def create(self, new: NewSchedule, *, now_ms: int | None = None) -> tuple[Schedule, bool]:
         """Store a schedule and materialize its first runs; returns (schedule, created).
         An idempotency key already used by this tenant returns the existing schedule."""
         self.tasks.check_payload(new.payload_json)
@@ -277,9 +275,7 @@ class ScheduleOps:
         await self.store.write(call)
         return await self.get(tenant, sid)
 
-    async def resume(
-        self, tenant: str, sid: str, *, now_ms: int | None = None
-    ) -> Schedule:
+    async def resume(self, tenant: str, sid: str, *, now_ms: int | None = None) -> Schedule:
         """Active again; the fire times of the paused span follow the catchup policy."""
         _, keys = self._schedule_keys(sid)
         call = Call(
@@ -340,4 +336,3 @@ class ScheduleOps:
         )
         reply: list[Any] = await self.store.write(call)
         return reply
-

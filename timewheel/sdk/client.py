@@ -100,7 +100,9 @@ class Client(ScheduleMethods):
     ):
         self._cfg = _Config(url, key, timeout_s, retries)
         self._http = httpx.Client(
-            base_url=self._cfg.url, headers=self._cfg.headers(), timeout=timeout_s,
+            base_url=self._cfg.url,
+            headers=self._cfg.headers(),
+            timeout=timeout_s,
             transport=transport,
         )
 
@@ -129,8 +131,11 @@ class Client(ScheduleMethods):
         while True:
             try:
                 resp = self._http.request(
-                    req.method, req.path, json=req.json if req.json is not None else None,
-                    params=req.params or None, headers=req.headers,
+                    req.method,
+                    req.path,
+                    json=req.json if req.json is not None else None,
+                    params=req.params or None,
+                    headers=req.headers,
                 )
                 break
             except httpx.TransportError as exc:
@@ -161,9 +166,15 @@ class Client(ScheduleMethods):
         """Schedule a task: run_at or delay; queue, payload, idempotency_key, retry,
         visibility_timeout_s, expires_at, window_s (DESIGN.md section 11)."""
         req = Requests.create_task(
-            run_at=run_at, delay=delay, queue=queue, payload=payload,
-            idempotency_key=idempotency_key, retry=retry,
-            visibility_timeout_s=visibility_timeout_s, expires_at=expires_at, window_s=window_s,
+            run_at=run_at,
+            delay=delay,
+            queue=queue,
+            payload=payload,
+            idempotency_key=idempotency_key,
+            retry=retry,
+            visibility_timeout_s=visibility_timeout_s,
+            expires_at=expires_at,
+            window_s=window_s,
         )
         return cast(Task, self._json(req))
 
@@ -239,7 +250,9 @@ class Client(ScheduleMethods):
         dispatch_rate: float | None = None,
     ) -> Tenant:
         req = Requests.create_tenant(
-            tenant_id, max_payload_bytes=max_payload_bytes, max_pending=max_pending,
+            tenant_id,
+            max_payload_bytes=max_payload_bytes,
+            max_pending=max_pending,
             dispatch_rate=dispatch_rate,
         )
         return cast(Tenant, self._json(req))
@@ -286,7 +299,9 @@ class AsyncClient(AsyncScheduleMethods):
     ):
         self._cfg = _Config(url, key, timeout_s, retries)
         self._http = httpx.AsyncClient(
-            base_url=self._cfg.url, headers=self._cfg.headers(), timeout=timeout_s,
+            base_url=self._cfg.url,
+            headers=self._cfg.headers(),
+            timeout=timeout_s,
             transport=transport,
         )
 
@@ -307,8 +322,11 @@ class AsyncClient(AsyncScheduleMethods):
         while True:
             try:
                 resp = await self._http.request(
-                    req.method, req.path, json=req.json if req.json is not None else None,
-                    params=req.params or None, headers=req.headers,
+                    req.method,
+                    req.path,
+                    json=req.json if req.json is not None else None,
+                    params=req.params or None,
+                    headers=req.headers,
                 )
                 break
             except httpx.TransportError as exc:
@@ -338,9 +356,15 @@ class AsyncClient(AsyncScheduleMethods):
     ) -> Task:
         """See Client.create_task."""
         req = Requests.create_task(
-            run_at=run_at, delay=delay, queue=queue, payload=payload,
-            idempotency_key=idempotency_key, retry=retry,
-            visibility_timeout_s=visibility_timeout_s, expires_at=expires_at, window_s=window_s,
+            run_at=run_at,
+            delay=delay,
+            queue=queue,
+            payload=payload,
+            idempotency_key=idempotency_key,
+            retry=retry,
+            visibility_timeout_s=visibility_timeout_s,
+            expires_at=expires_at,
+            window_s=window_s,
         )
         return cast(Task, await self._json(req))
 
@@ -418,7 +442,9 @@ class AsyncClient(AsyncScheduleMethods):
         dispatch_rate: float | None = None,
     ) -> Tenant:
         req = Requests.create_tenant(
-            tenant_id, max_payload_bytes=max_payload_bytes, max_pending=max_pending,
+            tenant_id,
+            max_payload_bytes=max_payload_bytes,
+            max_pending=max_pending,
             dispatch_rate=dispatch_rate,
         )
         return cast(Tenant, await self._json(req))

@@ -64,7 +64,11 @@ class RateLimitedError(ApiError):
     """429: the tenant is over a limit; retry after `retry_after_s` seconds."""
 
     def __init__(
-        self, status: int, code: str, message: str, field: str | None = None,
+        self,
+        status: int,
+        code: str,
+        message: str,
+        field: str | None = None,
         retry_after_s: float | None = None,
     ):
         super().__init__(status, code, message, field)

@@ -151,7 +151,10 @@ def raise_for(resp: httpx.Response) -> None:
     if resp.status_code == 429:
         after = resp.headers.get("retry-after")
         raise RateLimitedError(
-            429, code, message, field_,
+            429,
+            code,
+            message,
+            field_,
             retry_after_s=float(after) if after and after.isdigit() else None,
         )
     cls = ERRORS.get(resp.status_code, ServerError if resp.status_code >= 500 else ApiError)
@@ -187,8 +190,7 @@ class Requests:
         )
         body["payload"] = payload
         key = idempotency_key or new_idempotency_key()
-        return Request("POST", "/v1/tasks", body, headers={"Idempotency-Key": key},
-                       idempotent=True)
+        return Request("POST", "/v1/tasks", body, headers={"Idempotency-Key": key}, idempotent=True)
 
     @staticmethod
     def create_tasks(tasks: list[dict[str, Any]]) -> Request:
@@ -253,5 +255,3 @@ class Requests:
 
 def get(path: str) -> Request:
     return Request("GET", path, idempotent=True)
-
-

@@ -98,9 +98,20 @@ class ScheduleMethods:
     ) -> Schedule:
         """Create a recurring schedule: cron (+ timezone) or every_s."""
         body = schedule_body(
-            cron=cron, timezone=timezone, every_s=every_s, queue=queue, payload=payload,
-            start_at=start_at, end_at=end_at, max_runs=max_runs, retry=retry, catchup=catchup,
-            catchup_window_s=catchup_window_s, jitter_s=jitter_s, overlap=overlap, paused=paused,
+            cron=cron,
+            timezone=timezone,
+            every_s=every_s,
+            queue=queue,
+            payload=payload,
+            start_at=start_at,
+            end_at=end_at,
+            max_runs=max_runs,
+            retry=retry,
+            catchup=catchup,
+            catchup_window_s=catchup_window_s,
+            jitter_s=jitter_s,
+            overlap=overlap,
+            paused=paused,
         )
         return cast(Schedule, self._json(Request("POST", "/v1/schedules", body)))
 
@@ -134,9 +145,20 @@ class ScheduleMethods:
     ) -> Schedule:
         """Change the given fields of a schedule."""
         body = schedule_body(
-            cron=cron, timezone=timezone, every_s=every_s, queue=queue, payload=payload,
-            start_at=start_at, end_at=end_at, max_runs=max_runs, retry=retry, catchup=catchup,
-            catchup_window_s=catchup_window_s, jitter_s=jitter_s, overlap=overlap, paused=paused,
+            cron=cron,
+            timezone=timezone,
+            every_s=every_s,
+            queue=queue,
+            payload=payload,
+            start_at=start_at,
+            end_at=end_at,
+            max_runs=max_runs,
+            retry=retry,
+            catchup=catchup,
+            catchup_window_s=catchup_window_s,
+            jitter_s=jitter_s,
+            overlap=overlap,
+            paused=paused,
         )
         return cast(Schedule, self._json(Request("PATCH", _path(schedule_id), body)))
 
@@ -188,9 +210,20 @@ class AsyncScheduleMethods:
     ) -> Schedule:
         """See ScheduleMethods.create_schedule."""
         body = schedule_body(
-            cron=cron, timezone=timezone, every_s=every_s, queue=queue, payload=payload,
-            start_at=start_at, end_at=end_at, max_runs=max_runs, retry=retry, catchup=catchup,
-            catchup_window_s=catchup_window_s, jitter_s=jitter_s, overlap=overlap, paused=paused,
+            cron=cron,
+            timezone=timezone,
+            every_s=every_s,
+            queue=queue,
+            payload=payload,
+            start_at=start_at,
+            end_at=end_at,
+            max_runs=max_runs,
+            retry=retry,
+            catchup=catchup,
+            catchup_window_s=catchup_window_s,
+            jitter_s=jitter_s,
+            overlap=overlap,
+            paused=paused,
         )
         return cast(Schedule, await self._json(Request("POST", "/v1/schedules", body)))
 
@@ -224,9 +257,20 @@ class AsyncScheduleMethods:
     ) -> Schedule:
         """See ScheduleMethods.update_schedule."""
         body = schedule_body(
-            cron=cron, timezone=timezone, every_s=every_s, queue=queue, payload=payload,
-            start_at=start_at, end_at=end_at, max_runs=max_runs, retry=retry, catchup=catchup,
-            catchup_window_s=catchup_window_s, jitter_s=jitter_s, overlap=overlap, paused=paused,
+            cron=cron,
+            timezone=timezone,
+            every_s=every_s,
+            queue=queue,
+            payload=payload,
+            start_at=start_at,
+            end_at=end_at,
+            max_runs=max_runs,
+            retry=retry,
+            catchup=catchup,
+            catchup_window_s=catchup_window_s,
+            jitter_s=jitter_s,
+            overlap=overlap,
+            paused=paused,
         )
         return cast(Schedule, await self._json(Request("PATCH", _path(schedule_id), body)))
 

@@ -103,8 +103,7 @@ async def list_tasks(
             after = pos.after if i == 0 else ""
             key = store.keys.tag(shard) + "t:" + _suffix(bucket)
             found = {
-                store.keys.run_id_in_body(shard, key, f.decode()): raw
-                for f, raw in entries.items()
+                store.keys.run_id_in_body(shard, key, f.decode()): raw for f, raw in entries.items()
             }
             for run_id in sorted(found):
                 if after and run_id <= after:
