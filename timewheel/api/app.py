@@ -8,12 +8,14 @@ from contextlib import asynccontextmanager
 from starlette.applications import Starlette
 
 from timewheel.api.coalescer import CreateCoalescer
+from timewheel.api.dead_letters import DEAD_LETTER_ENDPOINTS
 from timewheel.api.endpoints import Endpoint, build_routes
 from timewheel.api.errors import HANDLERS
 from timewheel.api.metrics import ApiMetrics
 from timewheel.api.openapi import document
+from timewheel.api.ops import OPS_ENDPOINTS
 from timewheel.api.schedules import SCHEDULE_ENDPOINTS
-from timewheel.api.tasks import OPS_ENDPOINTS, TASK_ENDPOINTS
+from timewheel.api.tasks import TASK_ENDPOINTS
 from timewheel.api.tenants import TENANT_ENDPOINTS
 from timewheel.config import Settings
 from timewheel.dispatch.rates import DispatchRates
@@ -22,6 +24,7 @@ from timewheel.tenants import TenantStore
 
 ENDPOINTS: list[Endpoint] = [
     *TASK_ENDPOINTS,
+    *DEAD_LETTER_ENDPOINTS,
     *SCHEDULE_ENDPOINTS,
     *TENANT_ENDPOINTS,
     *OPS_ENDPOINTS,

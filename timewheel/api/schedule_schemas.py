@@ -5,12 +5,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from timewheel.api.common import EVENT, OPT_TIME, RETRY, TIME, page_schema, payload_json
+from timewheel.api.common import (
+    EVENT,
+    OPT_TIME,
+    PAGE_SIZE,
+    RETRY,
+    TIME,
+    page_schema,
+    payload_json,
+)
 from timewheel.api.spec import (
     AnyJSON,
     Bool,
     Integer,
-    IntText,
     Nullable,
     Number,
     Obj,
@@ -23,11 +30,10 @@ from timewheel.api.spec import (
     name_spec,
 )
 from timewheel.errors import ValidationError
-from timewheel.models import JSONValue
 from timewheel.schedules.model import NewSchedule, ScheduleChanges
 from timewheel.schedules.spec import ScheduleSpec
 from timewheel.tasks.window import MAX_SPREAD_S
-from timewheel.types import CATCHUPS, OVERLAPS
+from timewheel.types import CATCHUPS, OVERLAPS, JSONValue
 
 MAX_WINDOW_S = 366 * 86400
 TIMING_FIELDS = ("cron", "timezone", "every_s", "start_at", "end_at")
@@ -202,7 +208,7 @@ SCHEDULE: Schema = {
 
 SCHEDULE_PAGE = Query(
     {
-        "limit": Param(IntText(1, 1000, "page size (default 100)"), "100"),
+        "limit": PAGE_SIZE,
         "cursor": Param(
             Text(1, 64, r"\d{1,4}\.\d{1,20}\.[0-9a-z]{0,20}", "cursor is not one this API gave out")
         ),

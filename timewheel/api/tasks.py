@@ -1,20 +1,16 @@
-"""Task, dead-letter and operations handlers of the HTTP API v1, and their rows of the
-endpoint table."""
+"""Task handlers of the HTTP API v1, and their rows of the endpoint table."""
 
 from __future__ import annotations
 
-import json
 import time
 
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import JSONResponse, Response
 
-from timewheel.api import common as schemas
-from timewheel.api.endpoints import PUBLIC, Call, Endpoint
+from timewheel.api import task_schemas as schemas
+from timewheel.api.endpoints import Call, Endpoint
 from timewheel.api.errors import error_body, status_of
 from timewheel.archive.history import RunEvent, run_history
 from timewheel.errors import PayloadTooLarge, ValidationError
-from timewheel.runs import dead_letters as deadletters
 from timewheel.tasks import listing as tasklist
 from timewheel.tasks.model import NewTask
 from timewheel.tenants import Tenant
@@ -144,168 +140,26 @@ async def task_runs(call: Call) -> Response:
     return JSONResponse({"run_id": task.run_id, "events": [event_json(e) for e in events]})
 
 
-async def list_dead_letters(call: Call) -> Response:
-    items, next_cursor = await deadletters.list_dead(
-        call.engine.store, call.tenant_id, limit=call.query["limit"], after=call.query["cursor"]
-    )
-    return JSONResponse(
-        {
-            "items": [
-                {
-                    "run_id": d.run_id,
-                    "queue": d.queue,
-                    "attempt": d.attempt,
-                    "reason": d.reason,
-                    "error": d.error,
-                    "dead_at": ms_to_rfc3339(d.dead_ms),
-                    "run_at": ms_to_rfc3339(d.due_ms),
-                    "payload": json.loads(d.payload_json) if d.payload_json else None,
-                }
-                for d in items
-            ],
-            "next_cursor": next_cursor,
-        }
-    )
-
-
-async def replay_dead_letter(call: Call) -> Response:
-    run_id = call.path["run_id"]
-    due_ms = await deadletters.replay(call.engine.store, call.tenant_id, run_id)
-    return JSONResponse({"run_id": run_id, "state": "scheduled", "run_at": ms_to_rfc3339(due_ms)})
-
-
-async def purge_dead_letter(call: Call) -> Response:
-    run_id = call.path["run_id"]
-    await deadletters.purge(call.engine.store, call.tenant_id, run_id)
-    return JSONResponse({"run_id": run_id, "purged": True})
-
-
-async def healthz(call: Call) -> Response:
-    return JSONResponse({"status": "ok"})
-
-
-async def readyz(call: Call) -> Response:
-    if await call.engine.store.ping():
-        return JSONResponse({"status": "ready"})
-    return JSONResponse(
-        {"error": {"code": "unavailable", "message": "Redis is unreachable", "field": None}},
-        status_code=503,
-    )
-
-
-async def metrics(call: Call) -> Response:
-    registry = call.request.app.state.metrics.registry
-    return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
-
-
-async def openapi(call: Call) -> Response:
-    return JSONResponse(call.request.app.state.openapi)
-
-
 S = schemas
 _TASK = "/v1/tasks/{task_id}"
-TASK_ENDPOINTS = [
-    Endpoint(
-        "POST",
-        "/v1/tasks",
-        create_task,
-        "createTask",
-        "Schedule a one-shot task",
-        body=S.CREATE,
-        status=201,
-        response=S.TASK,
-        errors=(429,),
-        extra_statuses=(200,),
-    ),
-    Endpoint(
-        "POST",
-        "/v1/tasks/batch",
-        create_batch,
-        "createTasks",
-        "Schedule up to 1,000 tasks (a body of at most 16 MiB); a result per item",
-        body=S.BATCH,
-        response=S.BATCH_OUT,
-        errors=(429,),
-        max_body_bytes=16 << 20,
-    ),
-    Endpoint(
-        "GET",
-        "/v1/tasks",
-        list_tasks,
-        "listTasks",
-        "The tenant's tasks, filtered, a page at a time (follow next_cursor to null)",
-        query=S.TASK_PAGE,
-        response=S.TASK_PAGE_OUT,
-    ),
-    Endpoint("GET", _TASK, get_task, "getTask", "A task", response=S.TASK),
-    Endpoint(
-        "PATCH",
-        _TASK,
-        update_task,
-        "updateTask",
-        "Reschedule and/or replace the payload (while scheduled)",
-        body=S.PATCH,
-        response=S.TASK,
-        errors=(409,),
-    ),
-    Endpoint(
-        "DELETE",
-        _TASK,
-        cancel_task,
-        "cancelTask",
-        "Cancel (while scheduled)",
-        response=S.TASK,
-        errors=(409,),
-    ),
-    Endpoint(
-        "GET", _TASK + "/runs", task_runs, "getTaskRuns", "The run's history", response=S.RUNS_OUT
-    ),
-    Endpoint(
-        "GET",
-        "/v1/dead-letters",
-        list_dead_letters,
-        "listDeadLetters",
-        "The tenant's dead letters, oldest first",
-        query=S.DEAD_PAGE,
-        response=S.DEAD_PAGE_OUT,
-    ),
-    Endpoint(
-        "POST",
-        "/v1/dead-letters/{run_id}/replay",
-        replay_dead_letter,
-        "replayDeadLetter",
-        "Put a dead run back into the wheel, due now",
-        response=S.REPLAY_OUT,
-    ),
-    Endpoint(
-        "DELETE",
-        "/v1/dead-letters/{run_id}",
-        purge_dead_letter,
-        "purgeDeadLetter",
-        "Delete a dead run for good",
-        response=S.PURGE_OUT,
-    ),
-]
 
-OPS_ENDPOINTS = [
-    Endpoint("GET", "/healthz", healthz, "healthz", "Liveness", role=PUBLIC, response=S.STATUS_OUT),
-    Endpoint(
-        "GET",
-        "/readyz",
-        readyz,
-        "readyz",
-        "Readiness (Redis reachable)",
-        role=PUBLIC,
-        response=S.STATUS_OUT,
-    ),
-    Endpoint(
-        "GET",
-        "/metrics",
-        metrics,
-        "metrics",
-        "Prometheus metrics of this api process",
-        role=PUBLIC,
-        response_type="text/plain",
-    ),
-    Endpoint("GET", "/openapi.json", openapi, "openapi", "This document", role=PUBLIC),
+# fmt: off
+TASK_ENDPOINTS = [
+    Endpoint("POST", "/v1/tasks", create_task, "createTask", "Schedule a one-shot task",
+             body=S.CREATE, status=201, response=S.TASK, errors=(429,), extra_statuses=(200,)),
+    Endpoint("POST", "/v1/tasks/batch", create_batch, "createTasks",
+             "Schedule up to 1,000 tasks (a body of at most 16 MiB); a result per item",
+             body=S.BATCH, response=S.BATCH_OUT, errors=(429,), max_body_bytes=16 << 20),
+    Endpoint("GET", "/v1/tasks", list_tasks, "listTasks",
+             "The tenant's tasks, filtered, a page at a time (follow next_cursor to null)",
+             query=S.TASK_PAGE, response=S.TASK_PAGE_OUT),
+    Endpoint("GET", _TASK, get_task, "getTask", "A task", response=S.TASK),
+    Endpoint("PATCH", _TASK, update_task, "updateTask",
+             "Reschedule and/or replace the payload (while scheduled)", body=S.PATCH,
+             response=S.TASK, errors=(409,)),
+    Endpoint("DELETE", _TASK, cancel_task, "cancelTask", "Cancel (while scheduled)",
+             response=S.TASK, errors=(409,)),
+    Endpoint("GET", _TASK + "/runs", task_runs, "getTaskRuns", "The run's history",
+             response=S.RUNS_OUT),
 ]
+# fmt: on

@@ -1,0 +1,46 @@
+"""Operations endpoints of the HTTP API: liveness, readiness, metrics, the OpenAPI document."""
+
+from __future__ import annotations
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.responses import JSONResponse, Response
+
+from timewheel.api.endpoints import PUBLIC, Call, Endpoint
+from timewheel.api.spec import Schema
+
+STATUS_OUT: Schema = {"type": "object", "properties": {"status": {"type": "string"}}}
+
+
+async def healthz(call: Call) -> Response:
+    return JSONResponse({"status": "ok"})
+
+
+async def readyz(call: Call) -> Response:
+    if await call.engine.store.ping():
+        return JSONResponse({"status": "ready"})
+    return JSONResponse(
+        {"error": {"code": "unavailable", "message": "Redis is unreachable", "field": None}},
+        status_code=503,
+    )
+
+
+async def metrics(call: Call) -> Response:
+    registry = call.request.app.state.metrics.registry
+    return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+
+async def openapi(call: Call) -> Response:
+    return JSONResponse(call.request.app.state.openapi)
+
+
+# fmt: off
+OPS_ENDPOINTS = [
+    Endpoint("GET", "/healthz", healthz, "healthz", "Liveness", role=PUBLIC,
+             response=STATUS_OUT),
+    Endpoint("GET", "/readyz", readyz, "readyz", "Readiness (Redis reachable)", role=PUBLIC,
+             response=STATUS_OUT),
+    Endpoint("GET", "/metrics", metrics, "metrics", "Prometheus metrics of this api process",
+             role=PUBLIC, response_type="text/plain"),
+    Endpoint("GET", "/openapi.json", openapi, "openapi", "This document", role=PUBLIC),
+]
+# fmt: on
