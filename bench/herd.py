@@ -1,4 +1,4 @@
-"""Thundering herds (DESIGN.md section 13), each part on a fresh redis-server with AOF
+"""Thundering herds (docs/benchmarks.md), each part on a fresh redis-server with AOF
 appendfsync always, 64 shards, 100-byte payloads, ONE Scheduler(engine.store) in this process.
 
 a. second: 100,000 tasks of 1,000 tenants due within one second (due = T0 + i mod 1000

@@ -1,7 +1,7 @@
 """A plain pipelined Redis connection with hiredis parsing, for loading benchmarks fast.
 
 Python only formats protocol bytes; while Redis works through one batch, the next one
-is being built. Benchmarks only: the engine's own pipelines live in timewheel/engine.py.
+is being built. Benchmarks only: the engine's own pipelines live in timewheel/store/pipeline.py.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ A task id is 3 hex digits of shard number followed by 13 characters of Crockford
 base32 (65 bits): 16 characters. The shard prefix lets any process find a task from
 its id alone; the last two characters pick its body hash within the shard. An id
 derived from (tenant, idempotency key) is a hash of both, so the task record is its
-own dedupe record (DESIGN.md section 3).
+own dedupe record (docs/design.md, the key layout).
 """
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ class Limits:
     """Most scheduled runs at once (estimated, see the module docstring); over it: 429."""
     dispatch_rate: float | None = None
     """Most runs per second the tick dispatches for the tenant, retries included; the rest
-    wait, due, in the near level (timewheel/rates.py, lua/dispatch_tick.lua)."""
+    wait, due, in the near level (timewheel/dispatch/rates.py, lua/dispatch_tick.lua)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,7 +5,7 @@ A request goes: authenticate (role) -> read and parse the body with the endpoint
 parse the query -> handler(call) -> response; any exception becomes a response in
 timewheel/api/errors.py. Request metrics are counted here, per route template.
 
-Adding endpoints (e.g. schedules from timewheel/api/schedule_routes.py): export a list of
+Adding endpoints: a resource module (timewheel/api/schedules.py, say) exports a list of
 `Endpoint`s and pass it to `create_app(extra_endpoints=...)` or append it to
 `timewheel.api.app.ENDPOINTS`; the router and /openapi.json pick it up.
 """

@@ -1,5 +1,4 @@
-"""Schedule handlers of the HTTP API v1 (DESIGN.md sections 7, 11), and their rows of the
-endpoint table."""
+"""Schedule handlers of the HTTP API v1, and their rows of the endpoint table."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 """Declarative field specs: each one validates a JSON value and emits its JSON Schema.
 
-Request bodies and query strings are described once with these (timewheel/api/schemas.py);
-the handlers parse with them and timewheel/api/openapi.py documents them, so the OpenAPI
-document cannot drift from what is enforced. Errors are ValidationError with the field's
-dotted name, e.g. ``retry.max_attempts``.
+Request bodies and query strings are described once with these, in each resource module
+of timewheel/api/; the handlers parse with them and timewheel/api/openapi.py documents
+them, so the OpenAPI document cannot drift from what is enforced. Errors are
+ValidationError with the field's dotted name, e.g. ``retry.max_attempts``.
 """
 
 from __future__ import annotations

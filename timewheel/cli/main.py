@@ -1,6 +1,6 @@
 """The `timewheel` command: dev, api, scheduler, worker, webhook, archiver, snapshot, restore,
 scripts check; and the API client commands task, dlq, tenant, schedule
-(timewheel/cli_client.py)."""
+(timewheel/cli/client.py)."""
 
 from __future__ import annotations
 

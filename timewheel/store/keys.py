@@ -102,7 +102,8 @@ class Keys:
 
     def rates(self, shard: int) -> str:
         """HASH tenant -> runs/s the tick may send for it from this shard: its
-        dispatch_rate split over its shards (timewheel/rates.py; read by lua/dispatch_tick.lua)."""
+        dispatch_rate split over its shards (timewheel/dispatch/rates.py; read by
+        lua/dispatch_tick.lua)."""
         return self.tag(shard) + "rates"
 
     def tokens(self, shard: int) -> str:

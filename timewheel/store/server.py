@@ -20,7 +20,8 @@ from redis.retry import Retry
 from timewheel.errors import ConfigError
 
 RECOMMENDED_CONFIG: dict[str, str] = {
-    # An acknowledged create is fsynced to the AOF before Redis replies (DESIGN.md §9).
+    # An acknowledged create is fsynced to the AOF before Redis replies (docs/design.md,
+    # durability).
     "appendonly": "yes",
     "appendfsync": "always",
     # Evicting a key is losing a task: fail writes instead when memory runs out.

@@ -1,6 +1,6 @@
 """Listing a tenant's tasks: a bounded HSCAN walk over its shards' body hashes.
 
-Records live in `{tw:N}:t:<xy>` (1,024 body hashes per shard, timewheel/keys.py), so a
+Records live in `{tw:N}:t:<xy>` (1,024 body hashes per shard, timewheel/store/keys.py), so a
 listing visits every body hash of the tenant's shards (its `spread`, 1 by default) and
 decodes every record there to keep the tenant's. Cost: a full listing reads every record
 of those shards, other tenants' included (O(records in the tenant's shards)); one page

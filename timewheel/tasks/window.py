@@ -1,4 +1,4 @@
-"""Spreading herds on purpose (DESIGN.md section 8).
+"""Spreading herds on purpose (docs/concepts/tasks.md, spreading a herd).
 
 A task's `window_s` makes its run due at a time in [run_at, run_at + window_s]; a
 schedule's `jitter_s` makes every run of it due a fixed offset in [0, jitter_s] after

@@ -1,4 +1,4 @@
--- timewheel archive schema, version 1. Applied once, in a transaction, by timewheel/pg.py.
+-- timewheel archive schema, version 1. Applied once, in a transaction, by timewheel/archive/pg.py.
 -- One timewheel deployment per database. Times are epoch milliseconds (bigint), as in Redis.
 -- A stream entry id "<ms>-<seq>" is kept as two bigints so it sorts and compares in SQL.
 
