@@ -1,5 +1,6 @@
 """The `timewheel` command: `main` parses the arguments and runs one subcommand."""
 
-from timewheel.cli.main import build_parser, main
+from timewheel.cli.main import main
+from timewheel.cli.parser import build_parser
 
 __all__ = ["build_parser", "main"]

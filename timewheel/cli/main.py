@@ -1,6 +1,5 @@
-"""The `timewheel` command: dev, api, scheduler, worker, webhook, archiver, snapshot, restore,
-scripts check; and the API client commands task, dlq, tenant, schedule
-(timewheel/cli/client.py)."""
+"""The `timewheel` command: parse (timewheel/cli/parser.py), then run one subcommand;
+the API client commands are in timewheel/cli/client.py."""
 
 from __future__ import annotations
 
@@ -19,8 +18,8 @@ from typing import Any
 import structlog
 from redis.exceptions import RedisError
 
-from timewheel import __version__
-from timewheel.cli.client import CLIENT_COMMANDS, add_client_commands, run_client_command
+from timewheel.cli.client import CLIENT_COMMANDS, run_client_command
+from timewheel.cli.parser import build_parser
 from timewheel.cli.serve import serve
 from timewheel.config import Settings
 from timewheel.engine import Engine
@@ -32,46 +31,7 @@ from timewheel.store import deployment
 from timewheel.store.library import OPERATIONS, Library, ScriptCode, function_name, header_codes
 from timewheel.tenants import Limits, TenantStore, new_key
 
-DEV_REDIS_PORT = 6399
 log = structlog.get_logger("timewheel")
-
-
-def _add_common(p: argparse.ArgumentParser, *, redis_url: bool = True) -> None:
-    if redis_url:
-        p.add_argument(
-            "--redis-url",
-            help="Redis URL, standalone or any Cluster node "
-            "(env TIMEWHEEL_REDIS_URL; default redis://127.0.0.1:6379)",
-        )
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    p.add_argument("--log-json", action="store_true", help="JSON log lines")
-
-
-def _add_unsafe(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--unsafe-durability",
-        action="store_true",
-        default=os.environ.get("TIMEWHEEL_UNSAFE_DURABILITY") == "1",
-        help="start even if Redis has AOF off or may evict keys (acknowledged tasks can be "
-        "lost); env TIMEWHEEL_UNSAFE_DURABILITY=1",
-    )
-
-
-def _add_executor_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--tenant", required=True)
-    p.add_argument("--queue", default="default")
-    p.add_argument("--group", default="timewheel", help="consumer group (default timewheel)")
-    p.add_argument("--concurrency", type=int, default=10)
-    _add_common(p)
-
-
-def _add_postgres(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--postgres-dsn",
-        help="PostgreSQL DSN, e.g. postgresql://user@host:5432/timewheel "
-        "(env TIMEWHEEL_POSTGRES_DSN)",
-    )
-    _add_common(p)
 
 
 def load_handler(spec: str) -> Handler:
@@ -122,100 +82,6 @@ async def _run_executor(args: argparse.Namespace) -> None:
                 await hook.aclose()
     finally:
         await engine.close()
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="timewheel", description=__doc__)
-    parser.add_argument("--version", action="version", version=f"timewheel {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    dev = sub.add_parser("dev", help="local redis-server (AOF) + API + scheduler in one process")
-    dev.add_argument(
-        "--data-dir",
-        default=".timewheel",
-        type=Path,
-        help="where redis-server keeps its AOF (default ./.timewheel)",
-    )
-    dev.add_argument("--host", default="127.0.0.1")
-    dev.add_argument("--port", default=8080, type=int, help="API port (default 8080)")
-    dev.add_argument(
-        "--redis-port",
-        default=DEV_REDIS_PORT,
-        type=int,
-        help=f"port of the local redis-server (default {DEV_REDIS_PORT}; 0 = any free)",
-    )
-    _add_common(dev, redis_url=False)
-
-    api = sub.add_parser("api", help="run the HTTP API")
-    api.add_argument("--host", default="127.0.0.1")
-    api.add_argument("--port", default=8080, type=int)
-    _add_unsafe(api)
-    _add_common(api)
-
-    sched = sub.add_parser("scheduler", help="run a scheduler node (any number of them)")
-    sched.add_argument("--node-id", help="this node's id (default: host-pid-random)")
-    sched.add_argument(
-        "--lease-ttl-ms",
-        type=int,
-        default=2000,
-        help="shard lease TTL; renewed every ttl/4 (default 2000)",
-    )
-    sched.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
-    _add_unsafe(sched)
-    sched.add_argument("--host", default="127.0.0.1", help="address of the metrics server")
-    _add_common(sched)
-
-    worker = sub.add_parser("worker", help="run an executor: a handler function per run")
-    worker.add_argument("--app", required=True, help="module:function, the handler")
-    _add_executor_args(worker)
-
-    hook = sub.add_parser("webhook", help="POST each run's payload to a URL")
-    hook.add_argument("--url", help="the URL to POST to")
-    hook.add_argument(
-        "--allow-host",
-        action="append",
-        default=[],
-        help="take the URL from the payload's 'url' if its host is listed",
-    )
-    hook.add_argument("--timeout-s", type=float, default=10.0)
-    _add_executor_args(hook)
-
-    archiver = sub.add_parser(
-        "archiver", help="tail every shard's event log into PostgreSQL (and take snapshots)"
-    )
-    archiver.add_argument(
-        "--snapshot-every",
-        type=float,
-        metavar="MINUTES",
-        help="also take a snapshot every MINUTES minutes, the first at start if the newest "
-        "is older than that (default: never)",
-    )
-    archiver.add_argument(
-        "--poll-ms", type=int, default=100, help="sleep of an idle round (default 100)"
-    )
-    _add_postgres(archiver)
-
-    snapshot = sub.add_parser(
-        "snapshot", help="copy every pending task and schedule into PostgreSQL, once"
-    )
-    _add_postgres(snapshot)
-
-    restore = sub.add_parser(
-        "restore", help="rebuild an empty Redis from the newest snapshot and the events after it"
-    )
-    restore.add_argument(
-        "--force", action="store_true", help="restore into a Redis that already holds keys"
-    )
-    _add_postgres(restore)
-
-    scripts = sub.add_parser("scripts", help="Lua script tools")
-    scripts_sub = scripts.add_subparsers(dest="scripts_command", required=True)
-    check = scripts_sub.add_parser(
-        "check", help="check headers, and load every script if a Redis URL is given"
-    )
-    check.add_argument("--redis-url")
-    add_client_commands(sub)
-    return parser
 
 
 def _settings(args: argparse.Namespace, redis_url: str | None = None) -> Settings:

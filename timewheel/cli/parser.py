@@ -1,0 +1,146 @@
+"""The `timewheel` command line: every subcommand, its flags and their help."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from timewheel import __version__
+from timewheel.cli.client import add_client_commands
+
+DEV_REDIS_PORT = 6399
+DESCRIPTION = """The `timewheel` command: dev, api, scheduler, worker, webhook, archiver, snapshot,
+restore, scripts check; and the API client commands task, dlq, tenant, schedule."""
+
+
+def add_common(p: argparse.ArgumentParser, *, redis_url: bool = True) -> None:
+    if redis_url:
+        p.add_argument(
+            "--redis-url",
+            help="Redis URL, standalone or any Cluster node "
+            "(env TIMEWHEEL_REDIS_URL; default redis://127.0.0.1:6379)",
+        )
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--log-json", action="store_true", help="JSON log lines")
+
+
+def add_unsafe(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--unsafe-durability",
+        action="store_true",
+        default=os.environ.get("TIMEWHEEL_UNSAFE_DURABILITY") == "1",
+        help="start even if Redis has AOF off or may evict keys (acknowledged tasks can be "
+        "lost); env TIMEWHEEL_UNSAFE_DURABILITY=1",
+    )
+
+
+def add_executor_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tenant", required=True)
+    p.add_argument("--queue", default="default")
+    p.add_argument("--group", default="timewheel", help="consumer group (default timewheel)")
+    p.add_argument("--concurrency", type=int, default=10)
+    add_common(p)
+
+
+def add_postgres(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--postgres-dsn",
+        help="PostgreSQL DSN, e.g. postgresql://user@host:5432/timewheel "
+        "(env TIMEWHEEL_POSTGRES_DSN)",
+    )
+    add_common(p)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="timewheel", description=DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"timewheel {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    dev = sub.add_parser("dev", help="local redis-server (AOF) + API + scheduler in one process")
+    dev.add_argument(
+        "--data-dir",
+        default=".timewheel",
+        type=Path,
+        help="where redis-server keeps its AOF (default ./.timewheel)",
+    )
+    dev.add_argument("--host", default="127.0.0.1")
+    dev.add_argument("--port", default=8080, type=int, help="API port (default 8080)")
+    dev.add_argument(
+        "--redis-port",
+        default=DEV_REDIS_PORT,
+        type=int,
+        help=f"port of the local redis-server (default {DEV_REDIS_PORT}; 0 = any free)",
+    )
+    add_common(dev, redis_url=False)
+
+    api = sub.add_parser("api", help="run the HTTP API")
+    api.add_argument("--host", default="127.0.0.1")
+    api.add_argument("--port", default=8080, type=int)
+    add_unsafe(api)
+    add_common(api)
+
+    sched = sub.add_parser("scheduler", help="run a scheduler node (any number of them)")
+    sched.add_argument("--node-id", help="this node's id (default: host-pid-random)")
+    sched.add_argument(
+        "--lease-ttl-ms",
+        type=int,
+        default=2000,
+        help="shard lease TTL; renewed every ttl/4 (default 2000)",
+    )
+    sched.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+    add_unsafe(sched)
+    sched.add_argument("--host", default="127.0.0.1", help="address of the metrics server")
+    add_common(sched)
+
+    worker = sub.add_parser("worker", help="run an executor: a handler function per run")
+    worker.add_argument("--app", required=True, help="module:function, the handler")
+    add_executor_args(worker)
+
+    hook = sub.add_parser("webhook", help="POST each run's payload to a URL")
+    hook.add_argument("--url", help="the URL to POST to")
+    hook.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        help="take the URL from the payload's 'url' if its host is listed",
+    )
+    hook.add_argument("--timeout-s", type=float, default=10.0)
+    add_executor_args(hook)
+
+    archiver = sub.add_parser(
+        "archiver", help="tail every shard's event log into PostgreSQL (and take snapshots)"
+    )
+    archiver.add_argument(
+        "--snapshot-every",
+        type=float,
+        metavar="MINUTES",
+        help="also take a snapshot every MINUTES minutes, the first at start if the newest "
+        "is older than that (default: never)",
+    )
+    archiver.add_argument(
+        "--poll-ms", type=int, default=100, help="sleep of an idle round (default 100)"
+    )
+    add_postgres(archiver)
+
+    snapshot = sub.add_parser(
+        "snapshot", help="copy every pending task and schedule into PostgreSQL, once"
+    )
+    add_postgres(snapshot)
+
+    restore = sub.add_parser(
+        "restore", help="rebuild an empty Redis from the newest snapshot and the events after it"
+    )
+    restore.add_argument(
+        "--force", action="store_true", help="restore into a Redis that already holds keys"
+    )
+    add_postgres(restore)
+
+    scripts = sub.add_parser("scripts", help="Lua script tools")
+    scripts_sub = scripts.add_subparsers(dest="scripts_command", required=True)
+    check = scripts_sub.add_parser(
+        "check", help="check headers, and load every script if a Redis URL is given"
+    )
+    check.add_argument("--redis-url")
+    add_client_commands(sub)
+    return parser
