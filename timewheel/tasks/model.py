@@ -6,7 +6,6 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from timewheel.store.library import ScriptArg
 from timewheel.types import JSONValue, TaskState, ms_to_rfc3339
 
 
@@ -107,13 +106,3 @@ class CreateResult:
     @property
     def due_ms(self) -> int:
         return self.task.due_ms
-
-
-@dataclass(frozen=True, slots=True)
-class PreparedCreate:
-    """A validated create: its request, id, shard and the 8 values task_create.lua takes."""
-
-    new: NewTask
-    task_id: str
-    shard: int
-    group: list[ScriptArg]

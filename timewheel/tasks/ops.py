@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from redis.exceptions import RedisError
@@ -27,7 +28,18 @@ from timewheel.store import record
 from timewheel.store.library import ScriptArg, check
 from timewheel.store.shard import Call, Store, clock_arg
 from timewheel.tasks import window
-from timewheel.tasks.model import CreateResult, NewTask, PreparedCreate, Task
+from timewheel.tasks.model import CreateResult, NewTask, Task
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedCreate:
+    """A validated create: its request, id, shard and the 8 values task_create.lua takes."""
+
+    new: NewTask
+    task_id: str
+    shard: int
+    group: list[ScriptArg]
+
 
 CREATE_CHUNK = 200
 """Most tasks one task_create.lua call carries (keeps a call near a few ms)."""
