@@ -115,7 +115,8 @@ class Keys:
         return self.tag(shard) + "lease"
 
     def nodes(self) -> str:
-        """ZSET node id -> last heartbeat ms: the live scheduler nodes."""
+        """ZSET node id -> when it last announced itself, ms (lua/lease_members.lua): the
+        live scheduler nodes."""
         return f"{self.prefix}:nodes"
 
     def layout(self) -> str:
