@@ -57,18 +57,20 @@ def make_task_id(shard: int, token: str) -> str:
     return f"{shard:03x}{token}"
 
 
+RUN_ID = re.compile(
+    rf"[0-9a-f]{{3}}[{ALPHABET}]{{{TOKEN_CHARS}}}(?:@(?:manual-)?[0-9]{{1,20}})?"
+)
+"""A task id (3 lowercase hex digits of shard, then the token), optionally followed by
+'@<fire ms>' or '@manual-<ms>' for a schedule's run. Nothing else names a record: an
+alias (upper case, a sign, spaces) would reach the same shard but not the same key."""
+
+
 def shard_of(task_id: str) -> int | None:
-    """The shard written in a task or run id, or None if the id is not one of ours."""
-    base = task_id.split("@", 1)[0]
-    if len(base) != 3 + TOKEN_CHARS:
+    """The shard written in a task, run or schedule id, or None if the id is not exactly
+    one of ours (no Redis call is needed to refuse it)."""
+    if not RUN_ID.fullmatch(task_id):
         return None
-    try:
-        shard = int(base[:3], 16)
-    except ValueError:
-        return None
-    if any(c not in ALPHABET for c in base[3:]):
-        return None
-    return shard
+    return int(task_id[:3], 16)
 
 
 NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
