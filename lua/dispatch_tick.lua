@@ -41,7 +41,6 @@ local tag = string.sub(meta_key, 1, -5)
 
 --!include lib/record.lua
 --!include lib/clock.lua
---!include lib/wheel.lua
 --!include lib/events.lua
 --!include lib/schedule.lua
 --!include lib/retry.lua

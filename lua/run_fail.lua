@@ -24,9 +24,6 @@ local tag = string.match(stream_key, '^(.-}:)')
 
 --!include lib/record.lua
 --!include lib/clock.lua
---!include lib/wheel.lua
---!include lib/events.lua
---!include lib/schedule.lua
 --!include lib/retry.lua
 
 rcall('XACK', stream_key, group, entry_id)

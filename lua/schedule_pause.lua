@@ -17,9 +17,7 @@ local meta_key, skey, events_key = KEYS[1], KEYS[2], KEYS[3]
 local sid, tenant, bucket_ms = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local tag = string.sub(meta_key, 1, -5)
 
---!include lib/record.lua
 --!include lib/clock.lua
---!include lib/wheel.lua
 --!include lib/events.lua
 --!include lib/schedule.lua
 

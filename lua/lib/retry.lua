@@ -1,5 +1,5 @@
--- Retry or bury a run whose attempt failed (run_fail.lua, dispatch_reap.lua). Needs lib/record.lua,
--- lib/wheel.lua, lib/events.lua and lib/schedule.lua included before it.
+-- Retry or bury a run whose attempt failed (run_fail.lua, dispatch_reap.lua). Calls
+-- lib/record.lua, lib/wheel.lua, lib/events.lua and lib/schedule.lua (before it in LIBS).
 --
 -- policy: the task's own retry fields (record opts JSON, key 'retry') over the
 -- deployment defaults (a table with max_attempts, initial_s, factor, max_s, jitter).

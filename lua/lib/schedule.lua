@@ -1,5 +1,5 @@
--- Recurring schedules (DESIGN.md section 7). Needs lib/record.lua, lib/wheel.lua and
--- lib/events.lua included before it.
+-- Recurring schedules (DESIGN.md section 7). Calls lib/record.lua, lib/wheel.lua and
+-- lib/events.lua (before it in LIBS).
 --
 --   tag..'s:'..sid   HASH  the schedule: tenant queue payload opts spec catchup window_ms
 --                          overlap max_runs state (active|paused|ended) cursor (last fire
