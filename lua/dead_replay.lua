@@ -15,6 +15,7 @@ local tag = string.match(dead_key, '^(.-}:)')
 --!include lib/record.lua
 --!include lib/clock.lua
 --!include lib/wheel.lua
+--!include lib/wake.lua
 --!include lib/events.lua
 
 local bkey = body_key(tag, run_id)
@@ -30,7 +31,5 @@ r[R_STATE], r[R_ATTEMPT], r[R_DUE], r[R_UPDATED], r[R_DEAD] = ST_SCHEDULED, 0, n
 local wake = wheel_place(tag, tag .. 'meta', run_id, tenant, now, bucket_ms)
 record_save(bkey, run_id, r)
 event_emit(events_key, event_cap, 'e', 'replayed', 'id', run_id, 'tenant', tenant, 'at', now)
-if wake == 1 and wake_channel ~= '' then
-  rcall('PUBLISH', wake_channel, shard)
-end
+wake_publish(wake, wake_channel, shard)
 return { 1, now }

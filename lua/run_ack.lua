@@ -20,11 +20,13 @@ local rcall = redis.call
 local stream_key, events_key = KEYS[1], KEYS[2]
 local group, entry_id, run_id, attempt = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
 local bucket_ms, now_override, event_cap = tonumber(ARGV[5]), ARGV[6], ARGV[7]
+local wake_channel, shard = ARGV[8], ARGV[9]
 local tag = string.match(stream_key, '^(.-}:)')
 
 --!include lib/record.lua
 --!include lib/clock.lua
 --!include lib/wheel.lua
+--!include lib/wake.lua
 --!include lib/events.lua
 --!include lib/schedule.lua
 
@@ -45,10 +47,8 @@ end
 r[R_STATE], r[R_UPDATED] = ST_SUCCEEDED, now
 record_save(bkey, run_id, r)
 wheel_retain(tag, run_id, now, bucket_ms)
-if schedule_run_finished(tag, r[R_SCHEDULE], run_id, now, bucket_ms) == 1 and ARGV[8] ~= ''
-  and ARGV[8] ~= nil then
-  rcall('PUBLISH', ARGV[8], ARGV[9])
-end
+wake_publish(schedule_run_finished(tag, r[R_SCHEDULE], run_id, now, bucket_ms), wake_channel,
+  shard)
 event_emit(events_key, event_cap, 'e', 'acked', 'id', run_id, 'tenant', r[R_TENANT],
   'attempt', attempt, 'at', now)
 return { 1 }

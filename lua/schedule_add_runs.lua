@@ -13,7 +13,6 @@
   Returns: {1, added, existing, first run id}   existing: run ids that were there already
            (a fire time that ran, or was backfilled, before: not run twice)
   Errors:  {-1} NOT_FOUND     no such schedule for this tenant ]]
-local rcall = redis.call
 local meta_key, skey, events_key = KEYS[1], KEYS[2], KEYS[3]
 local sid, tenant, origin = ARGV[1], ARGV[2], ARGV[3]
 local bucket_ms = tonumber(ARGV[5])
@@ -22,6 +21,7 @@ local tag = string.sub(meta_key, 1, -5)
 --!include lib/record.lua
 --!include lib/clock.lua
 --!include lib/wheel.lua
+--!include lib/wake.lua
 --!include lib/events.lua
 --!include lib/schedule.lua
 
@@ -60,7 +60,5 @@ for _, run in ipairs(runs) do
 end
 event_emit(events_key, ARGV[7], 'e', origin == 'manual' and 'triggered' or 'backfilled',
   'id', sid, 'tenant', tenant, 'at', now, 'runs', #runs)
-if wake == 1 and ARGV[8] ~= '' then
-  rcall('PUBLISH', ARGV[8], ARGV[9])
-end
+wake_publish(wake, ARGV[8], ARGV[9])
 return { 1, added, existing, runs[1] and runs[1][1] or '' }

@@ -21,6 +21,7 @@ local sid, tenant = ARGV[1], ARGV[2]
 local tag = string.sub(meta_key, 1, -5)
 
 --!include lib/clock.lua
+--!include lib/wake.lua
 --!include lib/events.lua
 --!include lib/schedule.lua
 
@@ -53,7 +54,5 @@ else
 end
 event_emit(events_key, ctx.event_cap, 'e', 'schedule_created', 'id', sid, 'tenant', tenant,
   'at', now)
-if ctx.wake == 1 and ARGV[20] ~= '' then
-  rcall('PUBLISH', ARGV[20], ARGV[21])
-end
+wake_publish(ctx.wake, ARGV[20], ARGV[21])
 return { 1, added, ctx.wake }

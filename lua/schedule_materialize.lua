@@ -21,6 +21,7 @@ local sid, node, epoch = ARGV[1], ARGV[2], ARGV[3]
 local tag = string.sub(meta_key, 1, -5)
 
 --!include lib/clock.lua
+--!include lib/wake.lua
 --!include lib/lease.lua
 --!include lib/schedule.lua
 
@@ -38,7 +39,5 @@ local ctx = { tag = tag, now = clock_now_ms(ARGV[10]), bucket_ms = tonumber(ARGV
   misfire_ms = tonumber(ARGV[9]), events_key = events_key, event_cap = ARGV[11], wake = 0 }
 local added, skipped = schedule_extend(ctx, sid, skey, s, schedule_fires(ARGV[6]),
   tonumber(ARGV[7]))
-if ctx.wake == 1 and ARGV[12] ~= '' then
-  rcall('PUBLISH', ARGV[12], ARGV[13])
-end
+wake_publish(ctx.wake, ARGV[12], ARGV[13])
 return { added, skipped, 0 }

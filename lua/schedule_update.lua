@@ -20,6 +20,7 @@ local sid, tenant = ARGV[1], ARGV[2]
 local tag = string.sub(meta_key, 1, -5)
 
 --!include lib/clock.lua
+--!include lib/wake.lua
 --!include lib/events.lua
 --!include lib/schedule.lua
 
@@ -55,7 +56,5 @@ else
 end
 event_emit(events_key, ctx.event_cap, 'e', 'schedule_updated', 'id', sid, 'tenant', tenant,
   'at', now)
-if ctx.wake == 1 and ARGV[11] ~= '' then
-  rcall('PUBLISH', ARGV[11], ARGV[12])
-end
+wake_publish(ctx.wake, ARGV[11], ARGV[12])
 return { 1, added, ctx.wake }

@@ -18,7 +18,6 @@
   Events:  one 'created' entry per call, for the runs it created: runs =
            'id:tenant:queue:due_ms,...' (names and ids hold no ':' or ','), at = now.
   Errors:  malformed input is an error reply. ]]
-local rcall = redis.call
 local meta_key, events_key = KEYS[1], KEYS[2]
 local bucket_ms, now_override, event_cap = tonumber(ARGV[1]), ARGV[2], ARGV[3]
 local wake_channel, shard = ARGV[4], ARGV[5]
@@ -28,6 +27,7 @@ local GROUP, FIRST = 8, 6
 --!include lib/record.lua
 --!include lib/clock.lua
 --!include lib/wheel.lua
+--!include lib/wake.lua
 --!include lib/events.lua
 
 local n = (#ARGV - FIRST + 1) / GROUP
@@ -77,7 +77,5 @@ if #created > 0 then
   event_emit(events_key, event_cap, 'e', 'created', 'at', string.format('%d', now),
     'runs', table.concat(created, ','))
 end
-if woken == 1 and wake_channel ~= '' then
-  rcall('PUBLISH', wake_channel, shard)
-end
+wake_publish(woken, wake_channel, shard)
 return replies

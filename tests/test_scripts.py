@@ -132,6 +132,20 @@ def test_include_lines_name_exactly_the_helpers_an_operation_calls() -> None:
         assert included == used, f"{op}.lua includes {sorted(included)}, calls {sorted(used)}"
 
 
+# Commands that belong to one shared piece of logic: only its helper file issues them.
+_ONE_HOME = {
+    "'PUBLISH'": "wake.lua",  # the scheduler's wake-up
+}
+
+
+def test_each_shared_piece_of_logic_is_written_once() -> None:
+    sources = {p.name: p.read_text() for p in lua_dir().glob("*.lua")}
+    sources.update({p.name: p.read_text() for p in (lua_dir() / "lib").glob("*.lua")})
+    for needle, home in _ONE_HOME.items():
+        found = sorted(name for name, text in sources.items() if needle in text)
+        assert found == [home], f"{needle} is in {found}, not only in lib/{home}"
+
+
 async def test_the_library_loads_and_each_operation_is_one_of_its_functions(
     standalone_url: str,
 ) -> None:

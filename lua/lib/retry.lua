@@ -1,5 +1,6 @@
 -- Retry or bury a run whose attempt failed (run_fail.lua, dispatch_reap.lua). Calls
--- lib/record.lua, lib/wheel.lua, lib/events.lua and lib/schedule.lua (before it in LIBS).
+-- lib/record.lua, lib/wheel.lua, lib/wake.lua, lib/events.lua and lib/schedule.lua (before it
+-- in LIBS).
 --
 -- policy: the task's own retry fields (record opts JSON, key 'retry') over the
 -- deployment defaults (a table with max_attempts, initial_s, factor, max_s, jitter).
@@ -49,9 +50,7 @@ local function retry_or_bury(tag, bkey, run_id, r, ctx)
     local delay = ctx.delay_ms or retry_backoff_ms(p, r[R_ATTEMPT], ctx.rand)
     r[R_STATE], r[R_DUE] = ST_SCHEDULED, now + delay
     local wake = wheel_place(tag, tag .. 'meta', run_id, tenant, r[R_DUE], ctx.bucket_ms)
-    if wake == 1 and ctx.wake_channel and ctx.wake_channel ~= '' then
-      redis.call('PUBLISH', ctx.wake_channel, ctx.shard)
-    end
+    wake_publish(wake, ctx.wake_channel, ctx.shard)
     record_save(bkey, run_id, r)
     event_emit(ctx.events_key, ctx.event_cap, 'e', 'retry_scheduled', 'id', run_id,
       'tenant', tenant, 'attempt', r[R_ATTEMPT], 'at', now, 'due_ms', r[R_DUE],
@@ -63,10 +62,8 @@ local function retry_or_bury(tag, bkey, run_id, r, ctx)
     'error', ctx.error, 'dead_ms', now, 'due_ms', r[R_DUE], 'payload', r[R_PAYLOAD])
   r[R_STATE], r[R_DEAD] = ST_DEAD, entry
   record_save(bkey, run_id, r)
-  if schedule_run_finished(tag, r[R_SCHEDULE], run_id, now, ctx.bucket_ms) == 1 and
-    ctx.wake_channel and ctx.wake_channel ~= '' then
-    redis.call('PUBLISH', ctx.wake_channel, ctx.shard)
-  end
+  wake_publish(schedule_run_finished(tag, r[R_SCHEDULE], run_id, now, ctx.bucket_ms),
+    ctx.wake_channel, ctx.shard)
   event_emit(ctx.events_key, ctx.event_cap, 'e', 'dead', 'id', run_id, 'tenant', tenant,
     'attempt', r[R_ATTEMPT], 'at', now, 'reason', ctx.reason, 'error', ctx.error)
   return 'dead', entry
