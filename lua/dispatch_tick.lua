@@ -27,10 +27,11 @@
   Fairness: deficit round robin with unit cost. Each round gives every tenant with due
   runs an equal share of what is left of the limit, so one tenant's backlog due in the
   same second takes its turn and cannot hold back another tenant's runs.
-  Rate: a tenant listed in rates has a token bucket here (capacity one second of its rate,
-  at least 1): each near entry it consumes spends a token. Out of tokens, it is held back:
-  its entry in the due index moves to when the next token is due, so the scheduler sleeps
-  until then instead of ticking it. Held-back runs stay in the near level, never dropped.
+  Rate: a tenant listed in rates has a token bucket (lib/rate.lua: capacity one second of
+  its rate, at least 1): each near entry it consumes spends a token. Out of tokens, it is
+  held back: its entry in the due index moves to when the next token is due, so the
+  scheduler sleeps until then instead of ticking it. Held-back runs stay in the near
+  level, never dropped.
   Clock: now = max(TIME, hwm). A clock that steps back neither re-opens a window nor
   delays runs already due by the high-water mark; clock_back_ms reports the step. ]]
 local rcall = redis.call
@@ -46,6 +47,7 @@ local tag = string.sub(meta_key, 1, -5)
 --!include lib/retry.lua
 --!include lib/lease.lua
 --!include lib/lag.lua
+--!include lib/rate.lua
 
 if not lease_holds(tag, node, epoch) then
   return { -3 }
@@ -188,30 +190,7 @@ end
 local tenants = rcall('ZRANGE', due_key, '-inf', now, 'BYSCORE', 'LIMIT', 0, limit)
 
 -- Token buckets of the rate-limited tenants among them: rate[t] runs/s, tokens[t] now.
-local rate, tokens = {}, {}
-if #tenants > 0 and rcall('EXISTS', tag .. 'rates') == 1 then
-  local rates = rcall('HMGET', tag .. 'rates', unpack(tenants))
-  local limited = {}
-  for i = 1, #tenants do
-    local r = tonumber(rates[i])
-    if r and r > 0 then
-      rate[tenants[i]] = r
-      limited[#limited + 1] = tenants[i]
-    end
-  end
-  if #limited > 0 then
-    local states = rcall('HMGET', tag .. 'tokens', unpack(limited))
-    for i = 1, #limited do
-      local r, cap = rate[limited[i]], math.max(1, rate[limited[i]])
-      local have, stamp = string.match(states[i] or '', '^([^:]+):(%d+)$')
-      local t = cap
-      if have then
-        t = math.min(cap, tonumber(have) + math.max(0, now - tonumber(stamp)) * r / 1000)
-      end
-      tokens[limited[i]] = t
-    end
-  end
-end
+local rate, tokens = rate_buckets(tag, tenants, now)
 
 local budget = limit
 local dispatched, consumed = 0, 0
@@ -260,12 +239,12 @@ for i = 1, #tenants do
         held[#held + 1] = tenant
         held[#held + 1] = rcall('ZCOUNT', tag .. 'near:' .. tenant, '-inf', now)
       end
-      s = math.max(s, now + math.ceil((1 - t) * 1000 / rate[tenant]))
+      s = math.max(s, rate_next_token_ms(t, rate[tenant], now))
     end
     rcall('ZADD', due_key, s, tenant)
   end
   if tokens[tenant] then
-    rcall('HSET', tag .. 'tokens', tenant, string.format('%.3f:%d', tokens[tenant], now))
+    rate_save(tag, tenant, tokens[tenant], now)
   end
 end
 if #tenants > 0 then

@@ -135,6 +135,7 @@ def test_include_lines_name_exactly_the_helpers_an_operation_calls() -> None:
 # Commands that belong to one shared piece of logic: only its helper file issues them.
 _ONE_HOME = {
     "'PUBLISH'": "wake.lua",  # the scheduler's wake-up
+    "'tokens'": "rate.lua",  # the dispatch rates' token buckets
 }
 
 
