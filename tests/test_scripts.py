@@ -136,6 +136,7 @@ def test_include_lines_name_exactly_the_helpers_an_operation_calls() -> None:
 _ONE_HOME = {
     "'PUBLISH'": "wake.lua",  # the scheduler's wake-up
     "'tokens'": "rate.lua",  # the dispatch rates' token buckets
+    "'HSCAN'": "wheel.lua",  # draining wheel and expiry buckets
 }
 
 
