@@ -14,8 +14,7 @@ local tag = string.match(dead_key, '^(.-}:)')
 --!include lib/clock.lua
 --!include lib/events.lua
 
-local bkey = body_key(tag, run_id)
-local r = record_load(bkey, run_id)
+local r, bkey = record_find(tag, run_id)
 if r == nil or r[R_TENANT] ~= tenant or r[R_STATE] ~= ST_DEAD then
   return { -1 }
 end

@@ -20,8 +20,7 @@ local tag = string.sub(meta_key, 1, -5)
 -- An expiry bucket's member is a finished run: its record goes (a run that went back to
 -- scheduled, or out again, since it finished keeps it).
 local function expire(run_id)
-  local bkey = body_key(tag, run_id)
-  local r = record_load(bkey, run_id)
+  local r, bkey = record_find(tag, run_id)
   if r and r[R_STATE] ~= ST_SCHEDULED and r[R_STATE] ~= ST_DISPATCHED then
     record_delete(bkey, run_id)
   end

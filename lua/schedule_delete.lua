@@ -28,8 +28,7 @@ local now = clock_now_ms(ARGV[4])
 local _, dropped = schedule_drop_pending(tag, sid, bucket_ms)
 if s.held then
   -- A run held back by overlap buffer_one is out of the wheel: cancel it.
-  local hkey = body_key(tag, s.held)
-  local h = record_load(hkey, s.held)
+  local h, hkey = record_find(tag, s.held)
   if h and h[R_STATE] == ST_SCHEDULED then
     h[R_STATE], h[R_UPDATED] = ST_CANCELLED, now
     record_save(hkey, s.held, h)

@@ -69,6 +69,12 @@ local function record_load(bkey, run_id)
   return r, raw
 end
 
+-- A run's record found from its id alone (record_load), and its body hash key.
+local function record_find(tag, run_id)
+  local bkey = body_key(tag, run_id)
+  return (record_load(bkey, run_id)), bkey
+end
+
 -- Write a packed record only if the run has none: 1 if written, 0 if one was there.
 local function record_create(bkey, run_id, raw)
   return redis.call('HSETNX', bkey, body_field(run_id), raw)

@@ -109,8 +109,7 @@ local function schedule_drop_pending(tag, sid, bucket_ms)
   local members = redis.call('ZRANGE', srkey, 0, -1, 'WITHSCORES')
   for i = 1, #members, 2 do
     local run_id, fire = members[i], tonumber(members[i + 1])
-    local bkey = body_key(tag, run_id)
-    local r = record_load(bkey, run_id)
+    local r, bkey = record_find(tag, run_id)
     if r and r[R_STATE] == ST_SCHEDULED and r[R_ATTEMPT] == 0 then
       wheel_remove(tag, run_id, r[R_TENANT], r[R_DUE], bucket_ms)
       record_delete(bkey, run_id)
@@ -126,7 +125,7 @@ end
 
 -- A run in flight: dispatched, or back in the wheel for a retry.
 local function schedule_run_live(tag, run_id)
-  local r = record_load(body_key(tag, run_id), run_id)
+  local r = record_find(tag, run_id)
   return r ~= nil and (r[R_STATE] == ST_DISPATCHED or (r[R_STATE] == ST_SCHEDULED and
     r[R_ATTEMPT] > 0))
 end
@@ -147,8 +146,7 @@ local function schedule_run_finished(tag, sid, run_id, now, bucket_ms)
   if not held then
     return 0
   end
-  local hkey = body_key(tag, held)
-  local h = record_load(hkey, held)  -- while still held: out of the wheel, not sent
+  local h, hkey = record_find(tag, held)  -- while still held: out of the wheel, not sent
   redis.call('HDEL', skey, 'held')
   if h and h[R_STATE] == ST_SCHEDULED then
     h[R_DUE], h[R_UPDATED] = now, now
@@ -185,7 +183,7 @@ local function schedule_admit(ctx, bkey, run_id, r)
         or schedule_run_live(ctx.tag, inflight)) then
       if o.overlap == 'buffer_one' then
         local held = redis.call('HGET', skey, 'held')
-        local h = held and record_load(body_key(ctx.tag, held), held)
+        local h = held and record_find(ctx.tag, held)
         if not h or held == run_id or h[R_STATE] ~= ST_SCHEDULED then
           -- Held out of the wheel, still scheduled, until the run in flight finishes.
           redis.call('HSET', skey, 'held', run_id)
