@@ -20,8 +20,8 @@ local tag = string.sub(meta_key, 1, -5)
 --!include lib/events.lua
 --!include lib/schedule.lua
 
-local s = schedule_load(skey)
-if s == nil or s.tenant ~= tenant then
+local s = schedule_owned(skey, tenant)
+if s == nil then
   return { -1 }
 end
 local now = clock_now_ms(ARGV[4])

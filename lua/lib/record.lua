@@ -75,6 +75,29 @@ local function record_find(tag, run_id)
   return (record_load(bkey, run_id)), bkey
 end
 
+-- A tenant's record (record_load), or nil: none, or another tenant's (which to this
+-- tenant does not exist).
+local function record_owned(bkey, run_id, tenant)
+  local r = record_load(bkey, run_id)
+  if r == nil or r[R_TENANT] ~= tenant then
+    return nil
+  end
+  return r
+end
+
+-- A tenant's run that must still be scheduled (cancel, update): its record, or nil and
+-- the reply refusing the call: {-1} NOT_FOUND or {-2, state} INVALID_STATE.
+local function record_scheduled(bkey, run_id, tenant)
+  local r = record_owned(bkey, run_id, tenant)
+  if r == nil then
+    return nil, { -1 }
+  end
+  if r[R_STATE] ~= ST_SCHEDULED then
+    return nil, { -2, r[R_STATE] }
+  end
+  return r
+end
+
 -- Write a packed record only if the run has none: 1 if written, 0 if one was there.
 local function record_create(bkey, run_id, raw)
   return redis.call('HSETNX', bkey, body_field(run_id), raw)

@@ -216,6 +216,15 @@ local function schedule_load(skey)
   return s
 end
 
+-- A tenant's schedule as a table (schedule_load), or nil: none, or another tenant's.
+local function schedule_owned(skey, tenant)
+  local s = schedule_load(skey)
+  if s == nil or s.tenant ~= tenant then
+    return nil
+  end
+  return s
+end
+
 -- Parse a comma-separated list of fire times ('' = none).
 local function schedule_fires(list)
   local out = {}
