@@ -1,6 +1,6 @@
 -- Retry or bury a run whose attempt failed (run_fail.lua, dispatch_reap.lua). Calls
--- lib/record.lua, lib/wheel.lua, lib/wake.lua, lib/events.lua and lib/schedule.lua (before it
--- in LIBS).
+-- lib/record.lua, lib/wheel.lua, lib/wake.lua, lib/events.lua, lib/dead.lua and
+-- lib/schedule.lua (before it in LIBS).
 --
 -- policy: the task's own retry fields (record opts JSON, key 'retry') over the
 -- deployment defaults (a table with max_attempts, initial_s, factor, max_s, jitter).
@@ -57,9 +57,7 @@ local function retry_or_bury(tag, bkey, run_id, r, ctx)
       'reason', ctx.reason, 'error', ctx.error)
     return 'retry', r[R_DUE]
   end
-  local entry = redis.call('XADD', tag .. 'dead:' .. tenant, '*', 'run_id', run_id,
-    'tenant', tenant, 'queue', r[R_QUEUE], 'attempt', r[R_ATTEMPT], 'reason', ctx.reason,
-    'error', ctx.error, 'dead_ms', now, 'due_ms', r[R_DUE], 'payload', r[R_PAYLOAD])
+  local entry = dead_letter(tag, run_id, r, ctx.reason, ctx.error, now)
   r[R_STATE], r[R_DEAD] = ST_DEAD, entry
   record_save(bkey, run_id, r)
   wake_publish(schedule_run_finished(tag, r[R_SCHEDULE], run_id, now, ctx.bucket_ms),
