@@ -26,6 +26,7 @@ local defaults, bucket_ms = cjson.decode(ARGV[7]), tonumber(ARGV[8])
 local now_override, event_cap = ARGV[9], ARGV[10]
 local tag = string.sub(meta_key, 1, -5)
 
+--!include lib/hash.lua
 --!include lib/record.lua
 --!include lib/delivery.lua
 --!include lib/clock.lua
@@ -79,10 +80,7 @@ for _, member in ipairs(rcall('SMEMBERS', groups_key)) do
       if entry == nil then
         rcall('XACK', stream, group, entry_id)  -- deleted already: forget it
       else
-        local f = {}
-        for i = 1, #entry[2], 2 do
-          f[entry[2][i]] = entry[2][i + 1]
-        end
+        local f = hash_table(entry[2])
         local run_id = f['run_id']
         local r, bkey = record_find(tag, run_id)
         if not (r and delivery_live(r, tonumber(f['attempt']))) then

@@ -16,14 +16,13 @@ local rcall = redis.call
 local skey, sid = KEYS[1], ARGV[1]
 local tag = string.match(skey, '^(.-}:)')
 
+--!include lib/hash.lua
+
 if rcall('EXISTS', skey) == 1 then
   return { 0 }
 end
 local flat = cjson.decode(ARGV[2])
-local s = {}
-for i = 1, #flat, 2 do
-  s[flat[i]] = flat[i + 1]
-end
+local s = hash_table(flat)
 rcall('HSET', skey, unpack(flat))
 rcall('HDEL', skey, 'inflight', 'held')
 local cursor = tonumber(s.last_ms) or tonumber(s.created_ms) or 0

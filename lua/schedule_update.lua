@@ -19,6 +19,7 @@ local meta_key, skey, events_key = KEYS[1], KEYS[2], KEYS[3]
 local sid, tenant = ARGV[1], ARGV[2]
 local tag = string.sub(meta_key, 1, -5)
 
+--!include lib/hash.lua
 --!include lib/clock.lua
 --!include lib/wake.lua
 --!include lib/events.lua
@@ -34,9 +35,7 @@ end
 local now = clock_now_ms(ARGV[9])
 local bucket_ms = tonumber(ARGV[7])
 local changes = cjson.decode(ARGV[3])
-for i = 1, #changes, 2 do
-  s[changes[i]] = changes[i + 1]
-end
+hash_table(changes, s)
 if #changes > 0 then
   rcall('HSET', skey, unpack(changes))
 end

@@ -1,5 +1,5 @@
--- Recurring schedules (DESIGN.md section 7). Calls lib/record.lua, lib/wheel.lua and
--- lib/events.lua (before it in LIBS).
+-- Recurring schedules (DESIGN.md section 7). Calls lib/hash.lua, lib/record.lua,
+-- lib/wheel.lua and lib/events.lua (before it in LIBS).
 --
 --   tag..'s:'..sid   HASH  the schedule: tenant queue payload opts spec catchup window_ms
 --                          overlap max_runs state (active|paused|ended) cursor (last fire
@@ -209,11 +209,7 @@ local function schedule_load(skey)
   if #flat == 0 then
     return nil
   end
-  local s = {}
-  for i = 1, #flat, 2 do
-    s[flat[i]] = flat[i + 1]
-  end
-  return s
+  return hash_table(flat)
 end
 
 -- A tenant's schedule as a table (schedule_load), or nil: none, or another tenant's.
