@@ -28,8 +28,7 @@ if not lease_holds(tag, node, epoch) then
   return { -3 }
 end
 
-local now = math.max(clock_now_ms(now_override),
-  tonumber(rcall('HGET', meta_key, 'hwm')) or 0)
+local now = clock_shard_ms(meta_key, now_override)
 local reach = now + horizon_ms
 local shard_hex = wheel_run_id(tag, '')  -- bucket members lack it (lib/wheel.lua)
 
@@ -51,7 +50,7 @@ if at_limit and wheel_first_bucket(wheel_key, reach) then
   more = 1  -- the limit stopped it with a bucket within the horizon left
 end
 
-local promoted_until = tonumber(rcall('HGET', meta_key, 'promoted_until')) or 0
+local promoted_until = wheel_promoted_until(meta_key)
 if more == 0 then
   local reach_end = reach - (reach % bucket_ms) + bucket_ms
   if reach_end > promoted_until then

@@ -42,6 +42,7 @@ local tag = string.sub(meta_key, 1, -5)
 
 --!include lib/record.lua
 --!include lib/clock.lua
+--!include lib/wheel.lua
 --!include lib/events.lua
 --!include lib/schedule.lua
 --!include lib/retry.lua
@@ -53,13 +54,7 @@ if not lease_holds(tag, node, epoch) then
   return { -3 }
 end
 
-local now = clock_now_ms(now_override)
-local hwm = tonumber(rcall('HGET', meta_key, 'hwm')) or 0
-local clock_back = 0
-if now < hwm then
-  clock_back = hwm - now
-  now = hwm
-end
+local now, clock_back = clock_shard_ms(meta_key, now_override)
 
 local sched_ctx = { tag = tag, now = now, bucket_ms = bucket_ms, misfire_ms = misfire_ms,
   events_key = events_key, event_cap = event_cap, sent = {} }
@@ -266,6 +261,6 @@ if consumed >= limit then
     backlog = backlog + rcall('ZCOUNT', tag .. 'near:' .. tenants[i], '-inf', now)
   end
 end
-local promoted_until = tonumber(rcall('HGET', meta_key, 'promoted_until')) or 0
+local promoted_until = wheel_promoted_until(meta_key)
 return { dispatched, first_score(due_key), now, clock_back, first_score(tag .. 'wheel'),
   promoted_until, consumed, counts, lag_counts or {}, backlog, lag_sum, held }

@@ -52,7 +52,7 @@ end
 -- its schedule's overlap policy, is out at its next attempt. Every move that puts a
 -- run back (retry, release, replay, reschedule) places it in the wheel in the same call.
 local function record_sent(tag, run_id, r)
-  local promoted = tonumber(redis.call('HGET', tag .. 'meta', 'promoted_until')) or 0
+  local promoted = wheel_promoted_until(tag .. 'meta')
   if r[R_DUE] >= promoted or redis.call('ZSCORE', tag .. 'near:' .. r[R_TENANT], run_id) then
     return false
   end
