@@ -38,6 +38,7 @@ local rcall = redis.call
 local meta_key, due_key, events_key = KEYS[1], KEYS[2], KEYS[3]
 local limit, now_override, node, epoch = tonumber(ARGV[1]), ARGV[2], ARGV[3], ARGV[4]
 local event_cap, misfire_ms, bucket_ms = ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7])
+local lag_bounds_text = ARGV[8]
 local tag = string.sub(meta_key, 1, -5)
 
 --!include lib/record.lua
@@ -56,8 +57,8 @@ end
 
 local now, clock_back = clock_shard_ms(meta_key, now_override)
 
-local sched_ctx = { tag = tag, now = now, bucket_ms = bucket_ms, misfire_ms = misfire_ms,
-  events_key = events_key, event_cap = event_cap, sent = {} }
+local sched_ctx = schedule_ctx(tag, now, bucket_ms, misfire_ms, events_key, event_cap)
+sched_ctx.sent = {}  -- runs this call sent (schedule_admit)
 
 local function first_score(key)
   local first = rcall('ZRANGE', key, 0, 0, 'WITHSCORES')
@@ -70,7 +71,7 @@ end
 -- Set up when the first run goes out (most ticks send none): numbers as text (Lua's
 -- own conversion, and Redis' of a number argument, go through '%.14g'/'%.17g', about
 -- 0.3 us each), the envelope table (DESIGN.md section 6), refilled for every run, and
--- the lag histogram of ARGV[8].
+-- the lag histogram of lag_bounds_text.
 local now_text, entry, bounds, lag_counts
 local lag_sum = 0
 -- An attempt number as text, and as its mark in the event's run list (':n,').
@@ -87,7 +88,7 @@ local function dispatch_setup()
   now_text = string.format('%d', now)
   entry = { 'run_id', '', 'task_id', '', 'tenant', '', 'queue', '', 'attempt', '',
     'due_ms', '', 'dispatched_ms', now_text, 'payload', '' }
-  bounds = lag_bounds(ARGV[8])
+  bounds = lag_bounds(lag_bounds_text)
   lag_counts = {}
   for i = 1, #bounds + 1 do
     lag_counts[i] = 0

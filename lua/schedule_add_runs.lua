@@ -14,8 +14,9 @@
            (a fire time that ran, or was backfilled, before: not run twice)
   Errors:  {-1} NOT_FOUND     no such schedule for this tenant ]]
 local meta_key, skey, events_key = KEYS[1], KEYS[2], KEYS[3]
-local sid, tenant, origin = ARGV[1], ARGV[2], ARGV[3]
-local bucket_ms = tonumber(ARGV[5])
+local sid, tenant, origin, backfill_fires = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local bucket_ms, now_override, event_cap = tonumber(ARGV[5]), ARGV[6], ARGV[7]
+local wake_channel, shard = ARGV[8], ARGV[9]
 local tag = string.sub(meta_key, 1, -5)
 
 --!include lib/record.lua
@@ -29,7 +30,7 @@ local s = schedule_owned(skey, tenant)
 if s == nil then
   return { -1 }
 end
-local now = clock_now_ms(ARGV[6])
+local now = clock_now_ms(now_override)
 local opts = {}
 if s.opts and s.opts ~= '' then
   opts = cjson.decode(s.opts)
@@ -40,7 +41,7 @@ local runs = {}
 if origin == 'manual' then
   runs[1] = { sid .. '@manual-' .. now, now }
 else
-  for _, fire in ipairs(schedule_fires(ARGV[4])) do
+  for _, fire in ipairs(schedule_fires(backfill_fires)) do
     runs[#runs + 1] = { sid .. '@' .. fire, fire }
   end
 end
@@ -58,7 +59,7 @@ for _, run in ipairs(runs) do
     existing = existing + 1
   end
 end
-event_emit(events_key, ARGV[7], 'e', origin == 'manual' and 'triggered' or 'backfilled',
+event_emit(events_key, event_cap, 'e', origin == 'manual' and 'triggered' or 'backfilled',
   'id', sid, 'tenant', tenant, 'at', now, 'runs', #runs)
-wake_publish(wake, ARGV[8], ARGV[9])
+wake_publish(wake, wake_channel, shard)
 return { 1, added, existing, runs[1] and runs[1][1] or '' }

@@ -12,6 +12,7 @@
 local rcall = redis.call
 local meta_key, skey, events_key = KEYS[1], KEYS[2], KEYS[3]
 local sid, tenant, bucket_ms = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local now_override, event_cap = ARGV[4], ARGV[5]
 local tag = string.sub(meta_key, 1, -5)
 
 --!include lib/record.lua
@@ -24,7 +25,7 @@ local s = schedule_owned(skey, tenant)
 if s == nil then
   return { -1 }
 end
-local now = clock_now_ms(ARGV[4])
+local now = clock_now_ms(now_override)
 local _, dropped = schedule_drop_pending(tag, sid, bucket_ms)
 if s.held then
   -- A run held back by overlap buffer_one is out of the wheel: cancel it.
@@ -39,5 +40,5 @@ end
 rcall('DEL', skey)
 rcall('ZREM', tag .. 'plan', sid)
 rcall('SREM', tag .. 'schedules', sid)
-event_emit(events_key, ARGV[5], 'e', 'schedule_deleted', 'id', sid, 'tenant', tenant, 'at', now)
+event_emit(events_key, event_cap, 'e', 'schedule_deleted', 'id', sid, 'tenant', tenant, 'at', now)
 return { 1, dropped }

@@ -132,6 +132,19 @@ def test_include_lines_name_exactly_the_helpers_an_operation_calls() -> None:
         assert included == used, f"{op}.lua includes {sorted(included)}, calls {sorted(used)}"
 
 
+def test_argv_values_are_named_before_the_script_body() -> None:
+    """Every ARGV[n] is read once, in the locals that open a script (before its
+    --!include lines), so a body reads by name."""
+    opening_ends = re.compile(r"^(--!include|(?!local |--|\s|$))")
+    for op in OPERATIONS:
+        lines = (lua_dir() / f"{op}.lua").read_text().split("]]", 1)[1].split("\n")
+        end = next((i for i, line in enumerate(lines) if opening_ends.match(line)), len(lines))
+        opening = re.findall(r"ARGV\[\d+\]", _lua_code("\n".join(lines[:end])))
+        late = re.findall(r"ARGV\[\d+\]", _lua_code("\n".join(lines[end:])))
+        assert not late, f"{op}.lua reads {late} in its body"
+        assert len(opening) == len(set(opening)), f"{op}.lua reads an ARGV value twice"
+
+
 # Commands that belong to one shared piece of logic: only its helper file issues them.
 _ONE_HOME = {
     "'PUBLISH'": "wake.lua",  # the scheduler's wake-up

@@ -27,6 +27,14 @@ local function schedule_key(tag, sid)
   return tag .. 's:' .. sid
 end
 
+-- The context the planning helpers below take (ctx): the shard tag, now, bucket_ms,
+-- misfire_ms, the event log (events_key, event_cap), and wake, set to 1 once a run they
+-- materialize becomes the shard's next action. The tick adds sent (schedule_admit).
+local function schedule_ctx(tag, now, bucket_ms, misfire_ms, events_key, event_cap)
+  return { tag = tag, now = now, bucket_ms = bucket_ms, misfire_ms = misfire_ms,
+    events_key = events_key, event_cap = event_cap, wake = 0 }
+end
+
 -- Whether a run due at `fire` (its fire time plus any jitter offset) still runs at
 -- `now`, or is skipped as a misfire.
 -- o: catchup, window_ms, next_ms (-1 = no later run known).
