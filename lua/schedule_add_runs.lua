@@ -31,10 +31,7 @@ if s == nil then
   return { -1 }
 end
 local now = clock_now_ms(now_override)
-local opts = {}
-if s.opts and s.opts ~= '' then
-  opts = cjson.decode(s.opts)
-end
+local opts = schedule_opts(s)
 opts.origin = origin
 local opts_json = cjson.encode(opts)
 local runs = {}

@@ -66,16 +66,21 @@ local function schedule_skip(ctx, run_id, tenant, fire, reason, bkey, r)
     'at', ctx.now, 'due_ms', fire, 'reason', reason)
 end
 
+-- The options a schedule gives its runs (its opts JSON) as a new table, {} for none.
+local function schedule_opts(s)
+  if s.opts and s.opts ~= '' then
+    return cjson.decode(s.opts)
+  end
+  return {}
+end
+
 -- Materialize fire times `fires` (ascending) of schedule s (a table of its hash fields)
 -- whose next fire time after the last is `after` (-1 = none). A fire time already
 -- missed by more than misfire_ms follows the catchup policy. Materializing an existing
 -- run id is a no-op. Returns runs added, fire times skipped.
 local function schedule_plan(ctx, sid, s, fires, after)
   local tag = ctx.tag
-  local base = {}
-  if s.opts and s.opts ~= '' then
-    base = cjson.decode(s.opts)
-  end
+  local base = schedule_opts(s)
   base.catchup, base.window_ms, base.overlap = s.catchup, tonumber(s.window_ms), s.overlap
   local offset = tonumber(base.jitter_offset_ms) or 0
   base.jitter_s, base.jitter_offset_ms = nil, nil  -- the schedule's, not each run's
