@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 import shutil
 from pathlib import Path
@@ -121,6 +122,16 @@ def test_every_helper_file_is_in_the_library_after_the_helpers_it_calls() -> Non
         for used in _libs_used(source, names, own=lib):
             # A local function defined further down is a nil global where it is called.
             assert LIBS.index(used) < position, f"lib/{lib}.lua calls lib/{used}.lua"
+
+
+def test_every_helper_file_opens_with_the_functions_it_provides() -> None:
+    for lib in LIBS:
+        source = (lua_dir() / "lib" / f"{lib}.lua").read_text()
+        header = "\n".join(
+            itertools.takewhile(lambda line: line.startswith("--"), source.split("\n"))
+        )
+        for name in re.findall(r"^local function (\w+)", source, re.MULTILINE):
+            assert name in header, f"lib/{lib}.lua: its header does not name {name}"
 
 
 def test_include_lines_name_exactly_the_helpers_an_operation_calls() -> None:

@@ -1,5 +1,9 @@
 -- The shard primary's clock. Every due decision uses it (DESIGN.md section 4); an
 -- override (non-empty string of epoch ms) exists for deterministic tests only.
+--
+--   clock_now_ms(override) -> ms   TIME in epoch ms, or the override.
+--   clock_shard_ms(meta_key, override) -> now, clock_back_ms   the clock held at the
+--       shard's high-water mark (tick, promote).
 local function clock_now_ms(override)
   if override ~= nil and override ~= '' then
     return tonumber(override)

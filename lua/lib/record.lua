@@ -1,6 +1,21 @@
--- Task record helpers. A record is up to 12 msgpack values packed back to back
--- (no array header, trailing nils left out), stored as one field of a per-shard body hash. Python reads it in
--- timewheel/record.py; the field order below is the contract between the two.
+-- Task records. A record is up to 12 msgpack values packed back to back (no array
+-- header, trailing nils left out), stored as one field of a per-shard body hash. Python
+-- reads it in timewheel/record.py; the field order below is the contract between the two.
+-- Calls lib/wheel.lua. r below is a record unpacked into a table, indexed by R_*.
+--
+--   R_STATE ... R_DEAD, ST_SCHEDULED ... ST_SKIPPED   field positions and states.
+--   run_place(tag, run_id) -> task_id, bkey, field   where a run's record lives;
+--       body_key(tag, run_id) -> bkey and body_field(run_id) -> field give one part.
+--   record_read(bkey, run_id) -> r, raw   the record as stored (nil if none).
+--   record_load(bkey, run_id) -> r, raw   the record as it is: a sent run says dispatched.
+--   record_sent(tag, run_id, r)   whether a stored-as-scheduled run has been sent.
+--   record_find(tag, run_id) -> r, bkey   record_load from the run id alone.
+--   record_owned(bkey, run_id, tenant) -> r   record_load, nil if another tenant's.
+--   record_scheduled(bkey, run_id, tenant) -> r | nil, refusal   a tenant's run that is
+--       still scheduled, or the NOT_FOUND / INVALID_STATE reply.
+--   record_pack(r) -> raw;  record_create(bkey, run_id, raw) -> 1 | 0 (HSETNX);
+--   record_put(bkey, run_id, raw);  record_save(bkey, run_id, r) -> raw;
+--   record_delete(bkey, run_id).
 local R_STATE, R_ATTEMPT, R_DUE, R_TENANT, R_QUEUE, R_CREATED = 1, 2, 3, 4, 5, 6
 local R_PAYLOAD, R_OPTS, R_UPDATED, R_ERROR, R_SCHEDULE, R_DEAD = 7, 8, 9, 10, 11, 12
 local ST_SCHEDULED, ST_DISPATCHED, ST_SUCCEEDED, ST_CANCELLED, ST_DEAD = 0, 1, 2, 3, 4

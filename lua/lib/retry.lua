@@ -1,6 +1,12 @@
--- Retry or bury a run whose attempt failed (run_fail.lua, dispatch_reap.lua). Calls
--- lib/record.lua, lib/wheel.lua, lib/wake.lua, lib/events.lua, lib/dead.lua and
--- lib/schedule.lua (before it in LIBS).
+-- Retry or bury a run whose attempt failed (run_fail.lua, dispatch_reap.lua, and the
+-- tick for a run past its expires_at). Calls lib/record.lua, lib/wheel.lua, lib/wake.lua,
+-- lib/events.lua, lib/dead.lua and lib/schedule.lua (before it in LIBS).
+--
+--   retry_policy(r, defaults) -> p   the retry policy of a run.
+--   retry_backoff_ms(p, attempt, rand) -> ms   the wait before the next attempt.
+--   retry_or_bury(tag, bkey, run_id, r, ctx) -> 'retry', due_ms | 'dead', entry_id
+--       ctx: now, defaults, error, reason, permanent, delay_ms (nil = backoff), rand,
+--       bucket_ms, events_key, event_cap, and wake_channel, shard (optional).
 --
 -- policy: the task's own retry fields (record opts JSON, key 'retry') over the
 -- deployment defaults (a table with max_attempts, initial_s, factor, max_s, jitter).

@@ -1,5 +1,23 @@
 -- Recurring schedules (DESIGN.md section 7). Calls lib/hash.lua, lib/record.lua,
--- lib/wheel.lua and lib/events.lua (before it in LIBS).
+-- lib/wheel.lua and lib/events.lua (before it in LIBS). s below is a schedule's hash as
+-- a table, ctx the planning context of schedule_ctx.
+--
+--   schedule_key(tag, sid) -> skey;  schedule_load(skey) -> s | nil;
+--   schedule_owned(skey, tenant) -> s | nil (nil also for another tenant's);
+--   schedule_fires(text) -> fires   'ms,ms,...' as a list of numbers;
+--   schedule_opts(s) -> table   the options the schedule gives its runs.
+--   schedule_ctx(tag, now, bucket_ms, misfire_ms, events_key, event_cap) -> ctx
+--   schedule_extend(ctx, sid, skey, s, fires, after) -> added, skipped   plan fire times
+--       and move the cursor, ending the schedule when nothing is left;
+--       schedule_plan(ctx, sid, s, fires, after) -> added, skipped   only materialize.
+--   schedule_runs_late(o, fire, now, misfire_ms)   whether a late run still runs.
+--   schedule_skip(ctx, run_id, tenant, fire, reason, bkey, r)   record a skipped fire time.
+--   schedule_drop_pending(tag, sid, bucket_ms) -> earliest, dropped   remove the runs
+--       not yet sent.
+--   schedule_run_live(tag, run_id)   whether a run is in flight.
+--   schedule_run_finished(tag, sid, run_id, now, bucket_ms) -> wake   a run's end
+--       releases the run overlap held back.
+--   schedule_admit(ctx, bkey, run_id, r)   the tick's misfire and overlap checks.
 --
 --   tag..'s:'..sid   HASH  the schedule: tenant queue payload opts spec catchup window_ms
 --                          overlap max_runs state (active|paused|ended) cursor (last fire

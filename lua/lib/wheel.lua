@@ -6,6 +6,17 @@
 --                tag..'wheel' ZSET bucket_start -> bucket_start. Bodies stay in the body
 --                hash; the promoter reads due_ms and tenant from there.
 -- Invariant: no far-level entry has due_ms < meta.promoted_until.
+--
+--   wheel_place(tag, meta, run_id, tenant, due_ms, bucket_ms, promoted_until) -> wake
+--       put a scheduled run in its level (promoted_until optional).
+--   wheel_remove(tag, run_id, tenant, due_ms, bucket_ms)   take it out again.
+--   wheel_retain(tag, run_id, finished_ms, bucket_ms)   index a finished record for expiry.
+--   wheel_promoted_until(meta) -> ms   where the near level ends.
+--   wheel_member(run_id) -> member;  wheel_run_id(tag, member) -> run_id   far buckets'
+--       members, without the shard characters.
+--   wheel_first_bucket(index_key, upto) -> start | nil   the oldest bucket of an index.
+--   wheel_drain(index_key, bucket_prefix, upto, limit, each, meta_key, bucket_field,
+--       cursor_field) -> taken, at_limit   empty buckets of an index, in bounded steps.
 
 -- A far bucket's member is the run id without its 3 shard characters: the key's tag
 -- implies them (3 bytes of every far-level run).
@@ -69,7 +80,7 @@ end
 
 -- Finished records (succeeded, cancelled, dead) are kept for the retention window so
 -- GET and idempotent creates still find them; they are indexed by finish bucket in
--- tag..'x:'..bucket HASH run_id -> '' and tag..'expiry' ZSET, purged by expire_finished.
+-- tag..'x:'..bucket HASH run_id -> '' and tag..'expiry' ZSET, purged by dispatch_expire.lua.
 local function wheel_retain(tag, run_id, finished_ms, bucket_ms)
   local bucket = finished_ms - (finished_ms % bucket_ms)
   redis.call('HSET', tag .. 'x:' .. bucket, run_id, '')
