@@ -10,9 +10,10 @@
            horizon remain; next_bucket_ms = -1 when the far level is empty.
   Errors:  {-3} LEASE_LOST.
   A bucket is drained with HSCAN (wheel_drain, lib/wheel.lua), cursor kept in meta
-  (pcursor, pbucket), so a bucket of a thundering herd (100k runs, hashtable-encoded) moves in bounded steps. promoted_until
-  only advances once every bucket that starts before it is empty, which keeps the
-  invariant create relies on: no far-level entry is due before promoted_until. ]]
+  (pcursor, pbucket), so a bucket of a thundering herd (100k runs, hashtable-encoded)
+  moves in bounded steps. promoted_until only advances once every bucket that starts
+  before it is empty, which keeps the invariant create relies on: no far-level entry is
+  due before promoted_until. ]]
 local rcall = redis.call
 local meta_key, due_key, wheel_key = KEYS[1], KEYS[2], KEYS[3]
 local horizon_ms, bucket_ms, limit = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
