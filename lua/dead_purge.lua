@@ -5,22 +5,18 @@
   Derived keys (same tag): t:<xy>.
   Returns: {1}   purged
   Errors:  {-1} NOT_FOUND: no dead-lettered run with this id for this tenant. ]]
-local rcall = redis.call
 local dead_key, events_key = KEYS[1], KEYS[2]
 local run_id, tenant, now_override, event_cap = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local tag = string.match(dead_key, '^(.-}:)')
 
 --!include lib/record.lua
+--!include lib/dead.lua
 --!include lib/clock.lua
 --!include lib/events.lua
 
-local bkey = body_key(tag, run_id)
-local r = record_load(bkey, run_id)
-if r == nil or r[R_TENANT] ~= tenant or r[R_STATE] ~= ST_DEAD then
+local r, bkey = dead_take(tag, dead_key, run_id, tenant)
+if r == nil then
   return { -1 }
-end
-if r[R_DEAD] then
-  rcall('XDEL', dead_key, r[R_DEAD])
 end
 record_delete(bkey, run_id)
 event_emit(events_key, event_cap, 'e', 'purged', 'id', run_id, 'tenant', tenant,

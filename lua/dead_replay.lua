@@ -6,31 +6,26 @@
   Derived keys (same tag): t:<xy>, meta, near:<tenant>, due, w:<bucket>, wheel.
   Returns: {1, due_ms}   scheduled again; its next dispatch says attempt 1
   Errors:  {-1} NOT_FOUND: no dead-lettered run with this id for this tenant. ]]
-local rcall = redis.call
 local dead_key, events_key = KEYS[1], KEYS[2]
 local run_id, tenant, bucket_ms, now_override = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local event_cap, wake_channel, shard = ARGV[5], ARGV[6], ARGV[7]
 local tag = string.match(dead_key, '^(.-}:)')
 
 --!include lib/record.lua
+--!include lib/dead.lua
 --!include lib/clock.lua
 --!include lib/wheel.lua
+--!include lib/wake.lua
 --!include lib/events.lua
 
-local bkey = body_key(tag, run_id)
-local r = record_load(bkey, run_id)
-if r == nil or r[R_TENANT] ~= tenant or r[R_STATE] ~= ST_DEAD then
+local r, bkey = dead_take(tag, dead_key, run_id, tenant)
+if r == nil then
   return { -1 }
 end
 local now = clock_now_ms(now_override)
-if r[R_DEAD] then
-  rcall('XDEL', dead_key, r[R_DEAD])
-end
 r[R_STATE], r[R_ATTEMPT], r[R_DUE], r[R_UPDATED], r[R_DEAD] = ST_SCHEDULED, 0, now, now, nil
 local wake = wheel_place(tag, tag .. 'meta', run_id, tenant, now, bucket_ms)
 record_save(bkey, run_id, r)
 event_emit(events_key, event_cap, 'e', 'replayed', 'id', run_id, 'tenant', tenant, 'at', now)
-if wake == 1 and wake_channel ~= '' then
-  rcall('PUBLISH', wake_channel, shard)
-end
+wake_publish(wake, wake_channel, shard)
 return { 1, now }

@@ -1,4 +1,4 @@
---[[ dispatch_promote: move far-level runs whose bucket starts within the horizon into the near level.
+--[[ dispatch_promote: move the far buckets that start within the horizon into the near level.
   KEYS[1] meta   HASH tag..'meta' (field promoted_until; the tag is KEYS[1] minus 'meta')
   KEYS[2] due    ZSET tag..'due'
   KEYS[3] wheel  ZSET tag..'wheel', bucket_start -> bucket_start
@@ -9,10 +9,11 @@
   Returns: {moved, more, promoted_until, next_bucket_ms}   more = 1 if buckets within the
            horizon remain; next_bucket_ms = -1 when the far level is empty.
   Errors:  {-3} LEASE_LOST.
-  A bucket is drained with HSCAN, cursor kept in meta (pcursor, pbucket), so a bucket of a
-  thundering herd (100k runs, hashtable-encoded) moves in bounded steps. promoted_until
-  only advances once every bucket that starts before it is empty, which keeps the
-  invariant create relies on: no far-level entry is due before promoted_until. ]]
+  A bucket is drained with HSCAN (wheel_drain, lib/wheel.lua), cursor kept in meta
+  (pcursor, pbucket), so a bucket of a thundering herd (100k runs, hashtable-encoded)
+  moves in bounded steps. promoted_until only advances once every bucket that starts
+  before it is empty, which keeps the invariant create relies on: no far-level entry is
+  due before promoted_until. ]]
 local rcall = redis.call
 local meta_key, due_key, wheel_key = KEYS[1], KEYS[2], KEYS[3]
 local horizon_ms, bucket_ms, limit = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -28,55 +29,29 @@ if not lease_holds(tag, node, epoch) then
   return { -3 }
 end
 
-local now = math.max(clock_now_ms(now_override),
-  tonumber(rcall('HGET', meta_key, 'hwm')) or 0)
+local now = clock_shard_ms(meta_key, now_override)
 local reach = now + horizon_ms
-local moved, more = 0, 0
 local shard_hex = wheel_run_id(tag, '')  -- bucket members lack it (lib/wheel.lua)
 
-while true do
-  local b = rcall('ZRANGE', wheel_key, '-inf', reach, 'BYSCORE', 'LIMIT', 0, 1)[1]
-  if b == nil then
-    break
-  end
-  if moved >= limit then
-    more = 1
-    break
-  end
-  local wkey = tag .. 'w:' .. b
-  local state = rcall('HMGET', meta_key, 'pbucket', 'pcursor')
-  local cursor = '0'
-  if state[1] == b and state[2] then
-    cursor = state[2]
-  end
-  local scan = rcall('HSCAN', wkey, cursor, 'COUNT', limit - moved)
-  local fields = scan[2]
-  local ids = {}
-  for i = 1, #fields, 2 do
-    local run_id = shard_hex .. fields[i]
-    ids[#ids + 1] = fields[i]
-    local r = record_read(body_key(tag, run_id), run_id)
-    if r and r[R_STATE] == ST_SCHEDULED then
-      rcall('ZADD', tag .. 'near:' .. r[R_TENANT], r[R_DUE], run_id)
-      rcall('ZADD', due_key, 'LT', r[R_DUE], r[R_TENANT])
-    end
-  end
-  if #ids > 0 then
-    rcall('HDEL', wkey, unpack(ids))
-  end
-  moved = moved + #ids
-  if rcall('EXISTS', wkey) == 0 then
-    rcall('ZREM', wheel_key, b)
-    rcall('HDEL', meta_key, 'pbucket', 'pcursor')
-  elseif scan[1] == '0' then
-    -- A full pass is done but runs created meanwhile remain: start a new pass.
-    rcall('HDEL', meta_key, 'pbucket', 'pcursor')
-  else
-    rcall('HSET', meta_key, 'pbucket', b, 'pcursor', scan[1])
+-- A far bucket's member goes to its tenant's near level (a stale one, no longer
+-- scheduled, is only dropped).
+local function promote(member)
+  local run_id = shard_hex .. member
+  local r = record_read(body_key(tag, run_id), run_id)
+  if r and r[R_STATE] == ST_SCHEDULED then
+    rcall('ZADD', tag .. 'near:' .. r[R_TENANT], r[R_DUE], run_id)
+    rcall('ZADD', due_key, 'LT', r[R_DUE], r[R_TENANT])
   end
 end
 
-local promoted_until = tonumber(rcall('HGET', meta_key, 'promoted_until')) or 0
+local moved, at_limit = wheel_drain(wheel_key, tag .. 'w:', reach, limit, promote, meta_key,
+  'pbucket', 'pcursor')
+local more = 0
+if at_limit and wheel_first_bucket(wheel_key, reach) then
+  more = 1  -- the limit stopped it with a bucket within the horizon left
+end
+
+local promoted_until = wheel_promoted_until(meta_key)
 if more == 0 then
   local reach_end = reach - (reach % bucket_ms) + bucket_ms
   if reach_end > promoted_until then

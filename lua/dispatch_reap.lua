@@ -26,11 +26,10 @@ local defaults, bucket_ms = cjson.decode(ARGV[7]), tonumber(ARGV[8])
 local now_override, event_cap = ARGV[9], ARGV[10]
 local tag = string.sub(meta_key, 1, -5)
 
+--!include lib/hash.lua
 --!include lib/record.lua
+--!include lib/delivery.lua
 --!include lib/clock.lua
---!include lib/wheel.lua
---!include lib/events.lua
---!include lib/schedule.lua
 --!include lib/retry.lua
 --!include lib/lease.lua
 
@@ -81,20 +80,13 @@ for _, member in ipairs(rcall('SMEMBERS', groups_key)) do
       if entry == nil then
         rcall('XACK', stream, group, entry_id)  -- deleted already: forget it
       else
-        local f = {}
-        for i = 1, #entry[2], 2 do
-          f[entry[2][i]] = entry[2][i + 1]
-        end
+        local f = hash_table(entry[2])
         local run_id = f['run_id']
-        local bkey = body_key(tag, run_id)
-        local r = record_load(bkey, run_id)
-        local live = r and r[R_STATE] == ST_DISPATCHED and r[R_ATTEMPT] == tonumber(f['attempt'])
-        if not live then
-          rcall('XACK', stream, group, entry_id)
-          rcall('XDEL', stream, entry_id)
+        local r, bkey = record_find(tag, run_id)
+        if not (r and delivery_live(r, tonumber(f['attempt']))) then
+          delivery_done(stream, group, entry_id)
         elseif idle >= visibility_ms(r) then
-          rcall('XACK', stream, group, entry_id)
-          rcall('XDEL', stream, entry_id)
+          delivery_done(stream, group, entry_id)
           local outcome = retry_or_bury(tag, bkey, run_id, r, {
             now = now, defaults = defaults, error = 'lease expired after ' .. idle .. ' ms',
             reason = 'lease_expired', permanent = false, delay_ms = nil, rand = next_rand(),

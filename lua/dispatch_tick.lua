@@ -11,7 +11,7 @@
   dead:<tenant> (a run past its expires_at is dead-lettered, reason expired, not sent),
   s:<sid>, sr:<sid>, x:<bucket>, expiry (a schedule's run may be skipped: misfire past
   misfire_ms under its catchup policy, or overlap; see lib/schedule.lua), rates (HASH
-  tenant -> runs/s this shard may send for it, written by timewheel/rates.py), tokens
+  tenant -> runs/s this shard may send for it, written by timewheel/dispatch/rates.py), tokens
   (HASH tenant -> 'tokens:stamp_ms', the rate-limited tenants' buckets).
   Returns: {dispatched, next_due_ms, now_ms, clock_back_ms, next_bucket_ms, promoted_until,
            consumed, {tenant, count, ...}, {count, ...}, backlog, lag_sum_ms,
@@ -27,16 +27,18 @@
   Fairness: deficit round robin with unit cost. Each round gives every tenant with due
   runs an equal share of what is left of the limit, so one tenant's backlog due in the
   same second takes its turn and cannot hold back another tenant's runs.
-  Rate: a tenant listed in rates has a token bucket here (capacity one second of its rate,
-  at least 1): each near entry it consumes spends a token. Out of tokens, it is held back:
-  its entry in the due index moves to when the next token is due, so the scheduler sleeps
-  until then instead of ticking it. Held-back runs stay in the near level, never dropped.
+  Rate: a tenant listed in rates has a token bucket (lib/rate.lua: capacity one second of
+  its rate, at least 1): each near entry it consumes spends a token. Out of tokens, it is
+  held back: its entry in the due index moves to when the next token is due, so the
+  scheduler sleeps until then instead of ticking it. Held-back runs stay in the near
+  level, never dropped.
   Clock: now = max(TIME, hwm). A clock that steps back neither re-opens a window nor
   delays runs already due by the high-water mark; clock_back_ms reports the step. ]]
 local rcall = redis.call
 local meta_key, due_key, events_key = KEYS[1], KEYS[2], KEYS[3]
 local limit, now_override, node, epoch = tonumber(ARGV[1]), ARGV[2], ARGV[3], ARGV[4]
 local event_cap, misfire_ms, bucket_ms = ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7])
+local lag_bounds_text = ARGV[8]
 local tag = string.sub(meta_key, 1, -5)
 
 --!include lib/record.lua
@@ -47,21 +49,16 @@ local tag = string.sub(meta_key, 1, -5)
 --!include lib/retry.lua
 --!include lib/lease.lua
 --!include lib/lag.lua
+--!include lib/rate.lua
 
 if not lease_holds(tag, node, epoch) then
   return { -3 }
 end
 
-local now = clock_now_ms(now_override)
-local hwm = tonumber(rcall('HGET', meta_key, 'hwm')) or 0
-local clock_back = 0
-if now < hwm then
-  clock_back = hwm - now
-  now = hwm
-end
+local now, clock_back = clock_shard_ms(meta_key, now_override)
 
-local sched_ctx = { tag = tag, now = now, bucket_ms = bucket_ms, misfire_ms = misfire_ms,
-  events_key = events_key, event_cap = event_cap, sent = {} }
+local sched_ctx = schedule_ctx(tag, now, bucket_ms, misfire_ms, events_key, event_cap)
+sched_ctx.sent = {}  -- runs this call sent (schedule_admit)
 
 local function first_score(key)
   local first = rcall('ZRANGE', key, 0, 0, 'WITHSCORES')
@@ -73,8 +70,8 @@ end
 
 -- Set up when the first run goes out (most ticks send none): numbers as text (Lua's
 -- own conversion, and Redis' of a number argument, go through '%.14g'/'%.17g', about
--- 0.3 us each), the envelope table (DESIGN.md section 6), refilled for every run, and
--- the lag histogram of ARGV[8].
+-- 0.3 us each), the envelope table (docs/concepts/runs.md), refilled for every run, and
+-- the lag histogram of lag_bounds_text.
 local now_text, entry, bounds, lag_counts
 local lag_sum = 0
 -- An attempt number as text, and as its mark in the event's run list (':n,').
@@ -91,7 +88,7 @@ local function dispatch_setup()
   now_text = string.format('%d', now)
   entry = { 'run_id', '', 'task_id', '', 'tenant', '', 'queue', '', 'attempt', '',
     'due_ms', '', 'dispatched_ms', now_text, 'payload', '' }
-  bounds = lag_bounds(ARGV[8])
+  bounds = lag_bounds(lag_bounds_text)
   lag_counts = {}
   for i = 1, #bounds + 1 do
     lag_counts[i] = 0
@@ -189,30 +186,7 @@ end
 local tenants = rcall('ZRANGE', due_key, '-inf', now, 'BYSCORE', 'LIMIT', 0, limit)
 
 -- Token buckets of the rate-limited tenants among them: rate[t] runs/s, tokens[t] now.
-local rate, tokens = {}, {}
-if #tenants > 0 and rcall('EXISTS', tag .. 'rates') == 1 then
-  local rates = rcall('HMGET', tag .. 'rates', unpack(tenants))
-  local limited = {}
-  for i = 1, #tenants do
-    local r = tonumber(rates[i])
-    if r and r > 0 then
-      rate[tenants[i]] = r
-      limited[#limited + 1] = tenants[i]
-    end
-  end
-  if #limited > 0 then
-    local states = rcall('HMGET', tag .. 'tokens', unpack(limited))
-    for i = 1, #limited do
-      local r, cap = rate[limited[i]], math.max(1, rate[limited[i]])
-      local have, stamp = string.match(states[i] or '', '^([^:]+):(%d+)$')
-      local t = cap
-      if have then
-        t = math.min(cap, tonumber(have) + math.max(0, now - tonumber(stamp)) * r / 1000)
-      end
-      tokens[limited[i]] = t
-    end
-  end
-end
+local rate, tokens = rate_buckets(tag, tenants, now)
 
 local budget = limit
 local dispatched, consumed = 0, 0
@@ -261,12 +235,12 @@ for i = 1, #tenants do
         held[#held + 1] = tenant
         held[#held + 1] = rcall('ZCOUNT', tag .. 'near:' .. tenant, '-inf', now)
       end
-      s = math.max(s, now + math.ceil((1 - t) * 1000 / rate[tenant]))
+      s = math.max(s, rate_next_token_ms(t, rate[tenant], now))
     end
     rcall('ZADD', due_key, s, tenant)
   end
   if tokens[tenant] then
-    rcall('HSET', tag .. 'tokens', tenant, string.format('%.3f:%d', tokens[tenant], now))
+    rate_save(tag, tenant, tokens[tenant], now)
   end
 end
 if #tenants > 0 then
@@ -288,6 +262,6 @@ if consumed >= limit then
     backlog = backlog + rcall('ZCOUNT', tag .. 'near:' .. tenants[i], '-inf', now)
   end
 end
-local promoted_until = tonumber(rcall('HGET', meta_key, 'promoted_until')) or 0
+local promoted_until = wheel_promoted_until(meta_key)
 return { dispatched, first_score(due_key), now, clock_back, first_score(tag .. 'wheel'),
   promoted_until, consumed, counts, lag_counts or {}, backlog, lag_sum, held }

@@ -10,9 +10,11 @@ local rcall = redis.call
 local lease_key, meta_key = KEYS[1], KEYS[2]
 local node, ttl_ms = ARGV[1], ARGV[2]
 
+--!include lib/lease.lua
+
 local holder = rcall('GET', lease_key)
 if holder then
-  local owner, epoch = string.match(holder, '^(.*)/(%d+)$')
+  local owner, epoch = lease_parse(holder)
   if owner == node then
     rcall('PEXPIRE', lease_key, ttl_ms)
     return { tonumber(epoch) }
@@ -20,5 +22,5 @@ if holder then
   return { -3, holder }
 end
 local epoch = rcall('HINCRBY', meta_key, 'epoch', 1)
-rcall('SET', lease_key, node .. '/' .. epoch, 'PX', ttl_ms)
+rcall('SET', lease_key, lease_value(node, epoch), 'PX', ttl_ms)
 return { epoch }

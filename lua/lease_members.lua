@@ -7,8 +7,10 @@
 local rcall = redis.call
 local nodes_key = KEYS[1]
 local node, ttl_ms, leaving = ARGV[1], tonumber(ARGV[2]), ARGV[3] == '1'
-local t = rcall('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+--!include lib/clock.lua
+
+local now = clock_now_ms()
 if leaving then
   rcall('ZREM', nodes_key, node)
 else

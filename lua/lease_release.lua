@@ -4,7 +4,10 @@
   Returns: {1} released   {0} it was not ours any more (nothing changed) ]]
 local lease_key = KEYS[1]
 local node, epoch = ARGV[1], ARGV[2]
-if redis.call('GET', lease_key) ~= node .. '/' .. epoch then
+
+--!include lib/lease.lua
+
+if not lease_named(lease_key, node, epoch) then
   return { 0 }
 end
 redis.call('DEL', lease_key)

@@ -6,7 +6,10 @@
                   shard at once and may acquire it again later under a new epoch. ]]
 local lease_key = KEYS[1]
 local node, epoch, ttl_ms = ARGV[1], ARGV[2], ARGV[3]
-if redis.call('GET', lease_key) ~= node .. '/' .. epoch then
+
+--!include lib/lease.lua
+
+if not lease_named(lease_key, node, epoch) then
   return { -3 }
 end
 redis.call('PEXPIRE', lease_key, ttl_ms)

@@ -35,17 +35,18 @@ end
 local written, existing = 0, 0
 for i = 0, n - 1 do
   local a = 3 + i * GROUP
-  local run_id, tenant = ARGV[a], ARGV[a + 3]
-  local due_ms = tonumber(ARGV[a + 2])
-  local updated = opt(ARGV[a + 8])
-  local raw = record_pack({ ST_SCHEDULED, tonumber(ARGV[a + 1]), due_ms, tenant, ARGV[a + 4],
-    tonumber(ARGV[a + 5]), ARGV[a + 6], opt(ARGV[a + 7]), updated and tonumber(updated),
-    opt(ARGV[a + 9]), opt(ARGV[a + 10]), nil })
+  local run_id, attempt, due_ms, tenant, queue, created_ms, payload, opts, updated_ms,
+    last_error, sid = unpack(ARGV, a, a + GROUP - 1)
+  due_ms = tonumber(due_ms)
+  local updated = opt(updated_ms)
+  local raw = record_pack({ ST_SCHEDULED, tonumber(attempt), due_ms, tenant, queue,
+    tonumber(created_ms), payload, opt(opts), updated and tonumber(updated), opt(last_error),
+    opt(sid), nil })
   if record_create(body_key(tag, run_id), run_id, raw) == 1 then
     wheel_place(tag, meta_key, run_id, tenant, due_ms, bucket_ms)
-    if ARGV[a + 10] ~= '' then
+    if sid ~= '' then
       -- A schedule's run: in its run index, so pause, update and delete find it.
-      redis.call('ZADD', tag .. 'sr:' .. ARGV[a + 10], due_ms, run_id)
+      redis.call('ZADD', tag .. 'sr:' .. sid, due_ms, run_id)
     end
     written = written + 1
   else

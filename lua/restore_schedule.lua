@@ -13,17 +13,17 @@
   the catchup policy. In-flight and held markers are dropped: those runs were restored as
   scheduled runs and go out again under the same run ids. ]]
 local rcall = redis.call
-local skey, sid = KEYS[1], ARGV[1]
+local skey = KEYS[1]
+local sid, hash_json = ARGV[1], ARGV[2]
 local tag = string.match(skey, '^(.-}:)')
+
+--!include lib/hash.lua
 
 if rcall('EXISTS', skey) == 1 then
   return { 0 }
 end
-local flat = cjson.decode(ARGV[2])
-local s = {}
-for i = 1, #flat, 2 do
-  s[flat[i]] = flat[i + 1]
-end
+local flat = cjson.decode(hash_json)
+local s = hash_table(flat)
 rcall('HSET', skey, unpack(flat))
 rcall('HDEL', skey, 'inflight', 'held')
 local cursor = tonumber(s.last_ms) or tonumber(s.created_ms) or 0

@@ -16,22 +16,21 @@
   Errors:  {-1} NOT_FOUND: no record for this run id in this shard.
   The entry is deleted from the stream once acknowledged, so ready streams hold only
   unacknowledged work and never drop any of it. ]]
-local rcall = redis.call
 local stream_key, events_key = KEYS[1], KEYS[2]
 local group, entry_id, run_id, attempt = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
 local bucket_ms, now_override, event_cap = tonumber(ARGV[5]), ARGV[6], ARGV[7]
+local wake_channel, shard = ARGV[8], ARGV[9]
 local tag = string.match(stream_key, '^(.-}:)')
 
 --!include lib/record.lua
+--!include lib/delivery.lua
 --!include lib/clock.lua
 --!include lib/wheel.lua
+--!include lib/wake.lua
 --!include lib/events.lua
 --!include lib/schedule.lua
 
-rcall('XACK', stream_key, group, entry_id)
-rcall('XDEL', stream_key, entry_id)
-local bkey = body_key(tag, run_id)
-local r = record_load(bkey, run_id)
+local r, bkey = delivery_report(tag, stream_key, group, entry_id, run_id)
 if r == nil then
   return { -1 }
 end
@@ -45,10 +44,8 @@ end
 r[R_STATE], r[R_UPDATED] = ST_SUCCEEDED, now
 record_save(bkey, run_id, r)
 wheel_retain(tag, run_id, now, bucket_ms)
-if schedule_run_finished(tag, r[R_SCHEDULE], run_id, now, bucket_ms) == 1 and ARGV[8] ~= ''
-  and ARGV[8] ~= nil then
-  rcall('PUBLISH', ARGV[8], ARGV[9])
-end
+wake_publish(schedule_run_finished(tag, r[R_SCHEDULE], run_id, now, bucket_ms), wake_channel,
+  shard)
 event_emit(events_key, event_cap, 'e', 'acked', 'id', run_id, 'tenant', r[R_TENANT],
   'attempt', attempt, 'at', now)
 return { 1 }

@@ -14,7 +14,6 @@
            {2, entry_id}   dead-lettered (max_attempts reached, or permanent)
            {0}             the entry was acknowledged but the run had moved on (stale)
   Errors:  {-1} NOT_FOUND: no record for this run id in this shard. ]]
-local rcall = redis.call
 local stream_key, events_key = KEYS[1], KEYS[2]
 local group, entry_id, run_id, attempt = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
 local err, permanent, delay_ms, rand = ARGV[5], ARGV[6] == '1', ARGV[7], tonumber(ARGV[8])
@@ -22,21 +21,15 @@ local defaults, bucket_ms = cjson.decode(ARGV[9]), tonumber(ARGV[10])
 local now_override, event_cap, wake_channel, shard = ARGV[11], ARGV[12], ARGV[13], ARGV[14]
 local tag = string.match(stream_key, '^(.-}:)')
 
---!include lib/record.lua
+--!include lib/delivery.lua
 --!include lib/clock.lua
---!include lib/wheel.lua
---!include lib/events.lua
---!include lib/schedule.lua
 --!include lib/retry.lua
 
-rcall('XACK', stream_key, group, entry_id)
-rcall('XDEL', stream_key, entry_id)
-local bkey = body_key(tag, run_id)
-local r = record_load(bkey, run_id)
+local r, bkey = delivery_report(tag, stream_key, group, entry_id, run_id)
 if r == nil then
   return { -1 }
 end
-if r[R_STATE] ~= ST_DISPATCHED or r[R_ATTEMPT] ~= attempt then
+if not delivery_live(r, attempt) then
   return { 0 }
 end
 local outcome, detail = retry_or_bury(tag, bkey, run_id, r, {

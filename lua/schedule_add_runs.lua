@@ -13,34 +13,32 @@
   Returns: {1, added, existing, first run id}   existing: run ids that were there already
            (a fire time that ran, or was backfilled, before: not run twice)
   Errors:  {-1} NOT_FOUND     no such schedule for this tenant ]]
-local rcall = redis.call
 local meta_key, skey, events_key = KEYS[1], KEYS[2], KEYS[3]
-local sid, tenant, origin = ARGV[1], ARGV[2], ARGV[3]
-local bucket_ms = tonumber(ARGV[5])
+local sid, tenant, origin, backfill_fires = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local bucket_ms, now_override, event_cap = tonumber(ARGV[5]), ARGV[6], ARGV[7]
+local wake_channel, shard = ARGV[8], ARGV[9]
 local tag = string.sub(meta_key, 1, -5)
 
 --!include lib/record.lua
 --!include lib/clock.lua
 --!include lib/wheel.lua
+--!include lib/wake.lua
 --!include lib/events.lua
 --!include lib/schedule.lua
 
-local s = schedule_load(skey)
-if s == nil or s.tenant ~= tenant then
+local s = schedule_owned(skey, tenant)
+if s == nil then
   return { -1 }
 end
-local now = clock_now_ms(ARGV[6])
-local opts = {}
-if s.opts and s.opts ~= '' then
-  opts = cjson.decode(s.opts)
-end
+local now = clock_now_ms(now_override)
+local opts = schedule_opts(s)
 opts.origin = origin
 local opts_json = cjson.encode(opts)
 local runs = {}
 if origin == 'manual' then
   runs[1] = { sid .. '@manual-' .. now, now }
 else
-  for _, fire in ipairs(schedule_fires(ARGV[4])) do
+  for _, fire in ipairs(schedule_fires(backfill_fires)) do
     runs[#runs + 1] = { sid .. '@' .. fire, fire }
   end
 end
@@ -58,9 +56,7 @@ for _, run in ipairs(runs) do
     existing = existing + 1
   end
 end
-event_emit(events_key, ARGV[7], 'e', origin == 'manual' and 'triggered' or 'backfilled',
+event_emit(events_key, event_cap, 'e', origin == 'manual' and 'triggered' or 'backfilled',
   'id', sid, 'tenant', tenant, 'at', now, 'runs', #runs)
-if wake == 1 and ARGV[8] ~= '' then
-  rcall('PUBLISH', ARGV[8], ARGV[9])
-end
+wake_publish(wake, wake_channel, shard)
 return { 1, added, existing, runs[1] and runs[1][1] or '' }

@@ -17,45 +17,47 @@
   Errors:  an error reply on an id collision with another tenant's schedule. ]]
 local rcall = redis.call
 local meta_key, skey, events_key = KEYS[1], KEYS[2], KEYS[3]
-local sid, tenant = ARGV[1], ARGV[2]
+local sid, tenant, queue, payload, opts, spec = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5],
+  ARGV[6]
+local catchup, window_ms, overlap, max_runs = ARGV[7], ARGV[8], ARGV[9], ARGV[10]
+local paused, idempotent, cursor = ARGV[11] == '1', ARGV[12] == '1', ARGV[13]
+local fires_text, after = ARGV[14], tonumber(ARGV[15])
+local bucket_ms, misfire_ms, now_override = tonumber(ARGV[16]), tonumber(ARGV[17]), ARGV[18]
+local event_cap, wake_channel, shard = ARGV[19], ARGV[20], ARGV[21]
 local tag = string.sub(meta_key, 1, -5)
 
---!include lib/record.lua
 --!include lib/clock.lua
---!include lib/wheel.lua
+--!include lib/wake.lua
 --!include lib/events.lua
 --!include lib/schedule.lua
 
 local existing = rcall('HGET', skey, 'tenant')
 if existing then
-  if ARGV[12] == '1' and existing == tenant then
+  if idempotent and existing == tenant then
     return { 0 }
   end
   return redis.error_reply('ERR timewheel: schedule id collision ' .. sid)
 end
-local now = clock_now_ms(ARGV[18])
-local s = { tenant = tenant, queue = ARGV[3], payload = ARGV[4], opts = ARGV[5],
-  spec = ARGV[6], catchup = ARGV[7], window_ms = ARGV[8], overlap = ARGV[9],
-  max_runs = ARGV[10], cursor = ARGV[13], planned = 0 }
+local now = clock_now_ms(now_override)
+local s = { tenant = tenant, queue = queue, payload = payload, opts = opts, spec = spec,
+  catchup = catchup, window_ms = window_ms, overlap = overlap, max_runs = max_runs,
+  cursor = cursor, planned = 0 }
 rcall('HSET', skey, 'tenant', tenant, 'queue', s.queue, 'payload', s.payload, 'opts', s.opts,
   'spec', s.spec, 'catchup', s.catchup, 'window_ms', s.window_ms, 'overlap', s.overlap,
   'max_runs', s.max_runs, 'cursor', s.cursor, 'planned', 0, 'created_ms', now,
   'updated_ms', now, 'version', 1)
 rcall('SADD', tag .. 'schedules', sid)
-local ctx = { tag = tag, now = now, bucket_ms = tonumber(ARGV[16]),
-  misfire_ms = tonumber(ARGV[17]), events_key = events_key, event_cap = ARGV[19], wake = 0 }
-local fires, after = schedule_fires(ARGV[14]), tonumber(ARGV[15])
+local ctx = schedule_ctx(tag, now, bucket_ms, misfire_ms, events_key, event_cap)
+local fires = schedule_fires(fires_text)
 local added = 0
-if ARGV[11] == '1' then
+if paused then
   -- Paused from the start: nothing materialized; resume plans from the cursor.
   local first = fires[1] or after
   rcall('HSET', skey, 'state', 'paused', 'next_ms', first, 'paused_ms', now)
 else
   added = schedule_extend(ctx, sid, skey, s, fires, after)
 end
-event_emit(events_key, ctx.event_cap, 'e', 'schedule_created', 'id', sid, 'tenant', tenant,
+event_emit(events_key, event_cap, 'e', 'schedule_created', 'id', sid, 'tenant', tenant,
   'at', now)
-if ctx.wake == 1 and ARGV[20] ~= '' then
-  rcall('PUBLISH', ARGV[20], ARGV[21])
-end
+wake_publish(ctx.wake, wake_channel, shard)
 return { 1, added, ctx.wake }

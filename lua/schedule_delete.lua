@@ -12,6 +12,7 @@
 local rcall = redis.call
 local meta_key, skey, events_key = KEYS[1], KEYS[2], KEYS[3]
 local sid, tenant, bucket_ms = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local now_override, event_cap = ARGV[4], ARGV[5]
 local tag = string.sub(meta_key, 1, -5)
 
 --!include lib/record.lua
@@ -20,16 +21,15 @@ local tag = string.sub(meta_key, 1, -5)
 --!include lib/events.lua
 --!include lib/schedule.lua
 
-local s = schedule_load(skey)
-if s == nil or s.tenant ~= tenant then
+local s = schedule_owned(skey, tenant)
+if s == nil then
   return { -1 }
 end
-local now = clock_now_ms(ARGV[4])
+local now = clock_now_ms(now_override)
 local _, dropped = schedule_drop_pending(tag, sid, bucket_ms)
 if s.held then
   -- A run held back by overlap buffer_one is out of the wheel: cancel it.
-  local hkey = body_key(tag, s.held)
-  local h = record_load(hkey, s.held)
+  local h, hkey = record_find(tag, s.held)
   if h and h[R_STATE] == ST_SCHEDULED then
     h[R_STATE], h[R_UPDATED] = ST_CANCELLED, now
     record_save(hkey, s.held, h)
@@ -40,5 +40,5 @@ end
 rcall('DEL', skey)
 rcall('ZREM', tag .. 'plan', sid)
 rcall('SREM', tag .. 'schedules', sid)
-event_emit(events_key, ARGV[5], 'e', 'schedule_deleted', 'id', sid, 'tenant', tenant, 'at', now)
+event_emit(events_key, event_cap, 'e', 'schedule_deleted', 'id', sid, 'tenant', tenant, 'at', now)
 return { 1, dropped }

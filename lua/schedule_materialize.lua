@@ -18,12 +18,13 @@
 local rcall = redis.call
 local meta_key, skey, events_key = KEYS[1], KEYS[2], KEYS[3]
 local sid, node, epoch = ARGV[1], ARGV[2], ARGV[3]
+local read_version, read_cursor, fires_text, after = ARGV[4], ARGV[5], ARGV[6], tonumber(ARGV[7])
+local bucket_ms, misfire_ms, now_override = tonumber(ARGV[8]), tonumber(ARGV[9]), ARGV[10]
+local event_cap, wake_channel, shard = ARGV[11], ARGV[12], ARGV[13]
 local tag = string.sub(meta_key, 1, -5)
 
---!include lib/record.lua
 --!include lib/clock.lua
---!include lib/wheel.lua
---!include lib/events.lua
+--!include lib/wake.lua
 --!include lib/lease.lua
 --!include lib/schedule.lua
 
@@ -31,17 +32,14 @@ if not lease_holds(tag, node, epoch) then
   return { -3 }
 end
 local s = schedule_load(skey)
-if s == nil or s.state ~= 'active' or s.version ~= ARGV[4] or s.cursor ~= ARGV[5] then
+if s == nil or s.state ~= 'active' or s.version ~= read_version or s.cursor ~= read_cursor then
   if s == nil then
     rcall('ZREM', tag .. 'plan', sid)
   end
   return { 0, 0, 1 }
 end
-local ctx = { tag = tag, now = clock_now_ms(ARGV[10]), bucket_ms = tonumber(ARGV[8]),
-  misfire_ms = tonumber(ARGV[9]), events_key = events_key, event_cap = ARGV[11], wake = 0 }
-local added, skipped = schedule_extend(ctx, sid, skey, s, schedule_fires(ARGV[6]),
-  tonumber(ARGV[7]))
-if ctx.wake == 1 and ARGV[12] ~= '' then
-  rcall('PUBLISH', ARGV[12], ARGV[13])
-end
+local ctx = schedule_ctx(tag, clock_now_ms(now_override), bucket_ms, misfire_ms, events_key,
+  event_cap)
+local added, skipped = schedule_extend(ctx, sid, skey, s, schedule_fires(fires_text), after)
+wake_publish(ctx.wake, wake_channel, shard)
 return { added, skipped, 0 }

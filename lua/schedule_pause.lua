@@ -15,22 +15,21 @@
 local rcall = redis.call
 local meta_key, skey, events_key = KEYS[1], KEYS[2], KEYS[3]
 local sid, tenant, bucket_ms = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local now_override, event_cap = ARGV[4], ARGV[5]
 local tag = string.sub(meta_key, 1, -5)
 
---!include lib/record.lua
 --!include lib/clock.lua
---!include lib/wheel.lua
 --!include lib/events.lua
 --!include lib/schedule.lua
 
-local s = schedule_load(skey)
-if s == nil or s.tenant ~= tenant then
+local s = schedule_owned(skey, tenant)
+if s == nil then
   return { -1 }
 end
 if s.state == 'paused' then
   return { 1 }
 end
-local now = clock_now_ms(ARGV[4])
+local now = clock_now_ms(now_override)
 local earliest, dropped = schedule_drop_pending(tag, sid, bucket_ms)
 if s.state == 'ended' and dropped == 0 then
   return { -2, s.state }  -- nothing planned is left to hold back
@@ -42,5 +41,5 @@ rcall('HINCRBY', skey, 'version', 1)
 rcall('HSET', skey, 'state', 'paused', 'paused_ms', now, 'updated_ms', now, 'planned',
   math.max(0, (tonumber(s.planned) or 0) - dropped))
 rcall('ZREM', tag .. 'plan', sid)
-event_emit(events_key, ARGV[5], 'e', 'schedule_paused', 'id', sid, 'tenant', tenant, 'at', now)
+event_emit(events_key, event_cap, 'e', 'schedule_paused', 'id', sid, 'tenant', tenant, 'at', now)
 return { 1 }

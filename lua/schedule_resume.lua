@@ -9,7 +9,7 @@
            {-2, state}        INVALID_STATE: the schedule has ended ]]
 local rcall = redis.call
 local skey, events_key = KEYS[1], KEYS[2]
-local sid, tenant = ARGV[1], ARGV[2]
+local sid, tenant, now_override, event_cap = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local tag = string.match(skey, '^(.-}:)')
 
 --!include lib/clock.lua
@@ -25,7 +25,7 @@ end
 if s[2] == 'active' then
   return { 1 }
 end
-local now = clock_now_ms(ARGV[3])
+local now = clock_now_ms(now_override)
 rcall('HINCRBY', skey, 'version', 1)
 rcall('HDEL', skey, 'paused_ms')
 local next_ms = tonumber(s[3]) or -1
@@ -35,5 +35,5 @@ else
   rcall('HSET', skey, 'state', 'active', 'updated_ms', now)
   rcall('ZADD', tag .. 'plan', next_ms, sid)
 end
-event_emit(events_key, ARGV[4], 'e', 'schedule_resumed', 'id', sid, 'tenant', tenant, 'at', now)
+event_emit(events_key, event_cap, 'e', 'schedule_resumed', 'id', sid, 'tenant', tenant, 'at', now)
 return { 1 }

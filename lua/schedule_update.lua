@@ -16,48 +16,45 @@
   Errors:  {-1} NOT_FOUND     no such schedule for this tenant ]]
 local rcall = redis.call
 local meta_key, skey, events_key = KEYS[1], KEYS[2], KEYS[3]
-local sid, tenant = ARGV[1], ARGV[2]
+local sid, tenant, changes_json, cursor = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local fires_text, after, bucket_ms = ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7])
+local misfire_ms, now_override, event_cap = tonumber(ARGV[8]), ARGV[9], ARGV[10]
+local wake_channel, shard, read_version = ARGV[11], ARGV[12], ARGV[13]
 local tag = string.sub(meta_key, 1, -5)
 
---!include lib/record.lua
+--!include lib/hash.lua
 --!include lib/clock.lua
---!include lib/wheel.lua
+--!include lib/wake.lua
 --!include lib/events.lua
 --!include lib/schedule.lua
 
-local s = schedule_load(skey)
-if s == nil or s.tenant ~= tenant then
+local s = schedule_owned(skey, tenant)
+if s == nil then
   return { -1 }
 end
-if s.version ~= ARGV[13] then
+if s.version ~= read_version then
   return { 0 }
 end
-local now = clock_now_ms(ARGV[9])
-local bucket_ms = tonumber(ARGV[7])
-local changes = cjson.decode(ARGV[3])
-for i = 1, #changes, 2 do
-  s[changes[i]] = changes[i + 1]
-end
+local now = clock_now_ms(now_override)
+local changes = cjson.decode(changes_json)
+hash_table(changes, s)
 if #changes > 0 then
   rcall('HSET', skey, unpack(changes))
 end
 local _, dropped = schedule_drop_pending(tag, sid, bucket_ms)
 s.planned = math.max(0, (tonumber(s.planned) or 0) - dropped)
-s.cursor = ARGV[4]
+s.cursor = cursor
 rcall('HINCRBY', skey, 'version', 1)
 rcall('HSET', skey, 'updated_ms', now, 'planned', s.planned, 'cursor', s.cursor)
-local ctx = { tag = tag, now = now, bucket_ms = bucket_ms, misfire_ms = tonumber(ARGV[8]),
-  events_key = events_key, event_cap = ARGV[10], wake = 0 }
-local fires, after = schedule_fires(ARGV[5]), tonumber(ARGV[6])
+local ctx = schedule_ctx(tag, now, bucket_ms, misfire_ms, events_key, event_cap)
+local fires = schedule_fires(fires_text)
 local added = 0
 if s.state == 'paused' then
   rcall('HSET', skey, 'next_ms', fires[1] or after)
 else
   added = schedule_extend(ctx, sid, skey, s, fires, after)
 end
-event_emit(events_key, ctx.event_cap, 'e', 'schedule_updated', 'id', sid, 'tenant', tenant,
+event_emit(events_key, event_cap, 'e', 'schedule_updated', 'id', sid, 'tenant', tenant,
   'at', now)
-if ctx.wake == 1 and ARGV[11] ~= '' then
-  rcall('PUBLISH', ARGV[11], ARGV[12])
-end
+wake_publish(ctx.wake, wake_channel, shard)
 return { 1, added, ctx.wake }

@@ -18,12 +18,9 @@ local tag = string.sub(meta_key, 1, -5)
 --!include lib/wheel.lua
 --!include lib/events.lua
 
-local r = record_load(body_key_, run_id)
-if r == nil or r[R_TENANT] ~= tenant then
-  return { -1 }
-end
-if r[R_STATE] ~= ST_SCHEDULED then
-  return { -2, r[R_STATE] }
+local r, refusal = record_scheduled(body_key_, run_id, tenant)
+if refusal then
+  return refusal
 end
 local now = clock_now_ms(now_override)
 wheel_remove(tag, run_id, tenant, r[R_DUE], bucket_ms)

@@ -18,7 +18,6 @@
   Events:  one 'created' entry per call, for the runs it created: runs =
            'id:tenant:queue:due_ms,...' (names and ids hold no ':' or ','), at = now.
   Errors:  malformed input is an error reply. ]]
-local rcall = redis.call
 local meta_key, events_key = KEYS[1], KEYS[2]
 local bucket_ms, now_override, event_cap = tonumber(ARGV[1]), ARGV[2], ARGV[3]
 local wake_channel, shard = ARGV[4], ARGV[5]
@@ -28,6 +27,7 @@ local GROUP, FIRST = 8, 6
 --!include lib/record.lua
 --!include lib/clock.lua
 --!include lib/wheel.lua
+--!include lib/wake.lua
 --!include lib/events.lua
 
 local n = (#ARGV - FIRST + 1) / GROUP
@@ -39,25 +39,25 @@ local promoted_until = wheel_promoted_until(meta_key)
 local replies, woken, created = {}, 0, {}
 for i = 0, n - 1 do
   local a = FIRST + i * GROUP
-  local run_id, tenant, queue = ARGV[a], ARGV[a + 1], ARGV[a + 2]
-  local due_ms, due_text = nil, ARGV[a + 3]
+  local run_id, tenant, queue, due_text, delay_ms, payload, opts, idempotent =
+    unpack(ARGV, a, a + GROUP - 1)
+  local due_ms
   if due_text ~= '' then
     due_ms = tonumber(due_text)
   else
-    due_ms = now + tonumber(ARGV[a + 4])
+    due_ms = now + tonumber(delay_ms)
     due_text = string.format('%d', due_ms)
   end
-  local opts = ARGV[a + 6]
   if opts == '' then
     opts = nil
   end
   local bkey = body_key(tag, run_id)
   -- HSETNX is the existence check and the write in one call (the common case).
-  local record = record_pack({ ST_SCHEDULED, 0, due_ms, tenant, queue, now, ARGV[a + 5],
-    opts, nil, nil, nil, nil })
+  local record = record_pack({ ST_SCHEDULED, 0, due_ms, tenant, queue, now, payload, opts,
+    nil, nil, nil, nil })
   if record_create(bkey, run_id, record) == 0 then
     local existing, raw = record_load(bkey, run_id)
-    if ARGV[a + 7] == '1' and existing[R_TENANT] == tenant then
+    if idempotent == '1' and existing[R_TENANT] == tenant then
       -- A sent run's record does not say so (lib/record.lua): answer it as it is.
       replies[i + 1] = { 0, existing.sent and record_pack(existing) or raw }
     else
@@ -77,7 +77,5 @@ if #created > 0 then
   event_emit(events_key, event_cap, 'e', 'created', 'at', string.format('%d', now),
     'runs', table.concat(created, ','))
 end
-if woken == 1 and wake_channel ~= '' then
-  rcall('PUBLISH', wake_channel, shard)
-end
+wake_publish(woken, wake_channel, shard)
 return replies

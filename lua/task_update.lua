@@ -10,7 +10,6 @@
   Returns: {1, record, wake}   updated; wake = 1 if the shard's next action moved earlier
   Errors:  {-1} NOT_FOUND      no such run for this tenant
            {-2, state}         INVALID_STATE: not scheduled any more ]]
-local rcall = redis.call
 local meta_key, body_key_, events_key = KEYS[1], KEYS[2], KEYS[3]
 local run_id, tenant, run_at, delay_ms = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local payload, bucket_ms, now_override = ARGV[5], tonumber(ARGV[6]), ARGV[7]
@@ -20,14 +19,12 @@ local tag = string.sub(meta_key, 1, -5)
 --!include lib/record.lua
 --!include lib/clock.lua
 --!include lib/wheel.lua
+--!include lib/wake.lua
 --!include lib/events.lua
 
-local r = record_load(body_key_, run_id)
-if r == nil or r[R_TENANT] ~= tenant then
-  return { -1 }
-end
-if r[R_STATE] ~= ST_SCHEDULED then
-  return { -2, r[R_STATE] }
+local r, refusal = record_scheduled(body_key_, run_id, tenant)
+if refusal then
+  return refusal
 end
 local now = clock_now_ms(now_override)
 local wake = 0
@@ -49,7 +46,5 @@ r[R_UPDATED] = now
 local raw = record_save(body_key_, run_id, r)
 event_emit(events_key, event_cap, 'e', 'updated', 'id', run_id, 'tenant', tenant, 'at', now,
   'due_ms', due_ms)
-if wake == 1 and wake_channel ~= '' then
-  rcall('PUBLISH', wake_channel, shard)
-end
+wake_publish(wake, wake_channel, shard)
 return { 1, raw, wake }

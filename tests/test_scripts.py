@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 import shutil
 from pathlib import Path
@@ -14,6 +15,7 @@ from tests.conftest import test_settings
 from timewheel.engine import Engine
 from timewheel.errors import ConfigError
 from timewheel.store.library import (
+    LIBS,
     OPERATIONS,
     Library,
     ScriptCode,
@@ -87,6 +89,89 @@ def test_includes_are_resolved_and_helpers_read_no_keys_or_argv(tmp_path: Path) 
     for lib in (lua_dir() / "lib").glob("*.lua"):
         text = lib.read_text()
         assert "KEYS[" not in text and "ARGV[" not in text, lib.name
+
+
+_LUA_NOISE = re.compile(r"--\[\[.*?\]\]|--[^\n]*|'[^'\n]*'|\"[^\"\n]*\"", re.DOTALL)
+
+
+def _lua_code(source: str) -> str:
+    """Lua source without its comments and with empty strings: only names that are code."""
+    return _LUA_NOISE.sub(lambda m: "" if m.group().startswith("--") else "''", source)
+
+
+def _lib_names() -> dict[str, set[str]]:
+    """{lib: the names its top level defines (local functions and locals)}."""
+    out: dict[str, set[str]] = {}
+    for lib in LIBS:
+        code = _lua_code((lua_dir() / "lib" / f"{lib}.lua").read_text())
+        names = set(re.findall(r"^local function (\w+)", code, re.MULTILINE))
+        for lhs in re.findall(r"^local ([\w, ]+?) =", code, re.MULTILINE):
+            names.update(name.strip() for name in lhs.split(","))
+        out[lib] = names
+    return out
+
+
+def _libs_used(source: str, names: dict[str, set[str]], own: str = "") -> set[str]:
+    words = set(re.findall(r"\b[A-Za-z_]\w*\b", _lua_code(source)))
+    return {lib for lib, defined in names.items() if lib != own and words & defined}
+
+
+def test_every_helper_file_is_in_the_library_after_the_helpers_it_calls() -> None:
+    assert sorted(LIBS) == sorted(p.stem for p in (lua_dir() / "lib").glob("*.lua"))
+    names = _lib_names()
+    for position, lib in enumerate(LIBS):
+        source = (lua_dir() / "lib" / f"{lib}.lua").read_text()
+        for used in _libs_used(source, names, own=lib):
+            # A local function defined further down is a nil global where it is called.
+            assert LIBS.index(used) < position, f"lib/{lib}.lua calls lib/{used}.lua"
+
+
+def test_every_helper_file_opens_with_the_functions_it_provides() -> None:
+    for lib in LIBS:
+        source = (lua_dir() / "lib" / f"{lib}.lua").read_text()
+        header = "\n".join(
+            itertools.takewhile(lambda line: line.startswith("--"), source.split("\n"))
+        )
+        for name in re.findall(r"^local function (\w+)", source, re.MULTILINE):
+            assert name in header, f"lib/{lib}.lua: its header does not name {name}"
+
+
+def test_include_lines_name_exactly_the_helpers_an_operation_calls() -> None:
+    names = _lib_names()
+    for op in OPERATIONS:
+        source = (lua_dir() / f"{op}.lua").read_text()
+        included = {Path(m).stem for m in re.findall(r"^--!include (\S+)", source, re.MULTILINE)}
+        used = _libs_used(source, names)
+        assert included == used, f"{op}.lua includes {sorted(included)}, calls {sorted(used)}"
+
+
+def test_argv_values_are_named_before_the_script_body() -> None:
+    """Every ARGV[n] is read once, in the locals that open a script (before its
+    --!include lines), so a body reads by name."""
+    opening_ends = re.compile(r"^(--!include|(?!local |--|\s|$))")
+    for op in OPERATIONS:
+        lines = (lua_dir() / f"{op}.lua").read_text().split("]]", 1)[1].split("\n")
+        end = next((i for i, line in enumerate(lines) if opening_ends.match(line)), len(lines))
+        opening = re.findall(r"ARGV\[\d+\]", _lua_code("\n".join(lines[:end])))
+        late = re.findall(r"ARGV\[\d+\]", _lua_code("\n".join(lines[end:])))
+        assert not late, f"{op}.lua reads {late} in its body"
+        assert len(opening) == len(set(opening)), f"{op}.lua reads an ARGV value twice"
+
+
+# Commands that belong to one shared piece of logic: only its helper file issues them.
+_ONE_HOME = {
+    "'PUBLISH'": "wake.lua",  # the scheduler's wake-up
+    "'tokens'": "rate.lua",  # the dispatch rates' token buckets
+    "'HSCAN'": "wheel.lua",  # draining wheel and expiry buckets
+}
+
+
+def test_each_shared_piece_of_logic_is_written_once() -> None:
+    sources = {p.name: p.read_text() for p in lua_dir().glob("*.lua")}
+    sources.update({p.name: p.read_text() for p in (lua_dir() / "lib").glob("*.lua")})
+    for needle, home in _ONE_HOME.items():
+        found = sorted(name for name, text in sources.items() if needle in text)
+        assert found == [home], f"{needle} is in {found}, not only in lib/{home}"
 
 
 async def test_the_library_loads_and_each_operation_is_one_of_its_functions(

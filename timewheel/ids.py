@@ -57,9 +57,7 @@ def make_task_id(shard: int, token: str) -> str:
     return f"{shard:03x}{token}"
 
 
-RUN_ID = re.compile(
-    rf"[0-9a-f]{{3}}[{ALPHABET}]{{{TOKEN_CHARS}}}(?:@(?:manual-)?[0-9]{{1,20}})?"
-)
+RUN_ID = re.compile(rf"[0-9a-f]{{3}}[{ALPHABET}]{{{TOKEN_CHARS}}}(?:@(?:manual-)?[0-9]{{1,20}})?")
 """A task id (3 lowercase hex digits of shard, then the token), optionally followed by
 '@<fire ms>' or '@manual-<ms>' for a schedule's run. Nothing else names a record: an
 alias (upper case, a sign, spaces) would reach the same shard but not the same key."""

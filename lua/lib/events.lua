@@ -1,5 +1,8 @@
 -- The shard's event log: a capped stream written by the same script that made the
--- change (DESIGN.md section 3).
+-- change (docs/design.md).
+--
+--   event_emit(events_key, cap, field, value, ...)   XADD one entry and trim the log.
+--
 -- Trimming. With no archiver, MAXLEN ~ cap: about the newest `cap` entries stay.
 -- With an archiver, the shard's meta hash holds 'archived' (id of the newest entry that
 -- PostgreSQL holds; the archiver writes it after each commit, and a lagging value only

@@ -1,6 +1,11 @@
--- The tick's lag histogram. Bounds arrive as text (ARGV) and are parsed once per
--- distinct text: this table lives as long as the library, and a tick pays nothing
--- for it but a lookup. Only the tick's one text (LAG_BUCKETS_MS) ever reaches it.
+-- The tick's lag histogram (dispatch_tick.lua).
+--
+--   lag_bounds(text) -> bounds   the bounds of 'ms,ms,...' as an ascending list of numbers.
+--   lag_bucket(bounds, lag) -> i   the histogram bucket of a lag.
+--
+-- Bounds arrive as text (ARGV) and are parsed once per distinct text: this table lives
+-- as long as the library, and a tick pays nothing for it but a lookup. Only the tick's
+-- one text (LAG_BUCKETS_MS) ever reaches it.
 local lag_bounds_parsed = {}
 local function lag_bounds(text)
   local bounds = lag_bounds_parsed[text]

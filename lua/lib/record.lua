@@ -1,10 +1,25 @@
--- Task record helpers. A record is up to 12 msgpack values packed back to back
--- (no array header, trailing nils left out), stored as one field of a per-shard body hash. Python reads it in
--- timewheel/record.py; the field order below is the contract between the two.
+-- Task records. A record is up to 12 msgpack values packed back to back (no array
+-- header, trailing nils left out), stored as one field of a per-shard body hash. Python
+-- reads it in timewheel/store/record.py; the field order below is the contract between the two.
+-- Calls lib/wheel.lua. r below is a record unpacked into a table, indexed by R_*.
+--
+--   R_STATE ... R_DEAD, ST_SCHEDULED ... ST_SKIPPED   field positions and states.
+--   run_place(tag, run_id) -> task_id, bkey, field   where a run's record lives;
+--       body_key(tag, run_id) -> bkey and body_field(run_id) -> field give one part.
+--   record_read(bkey, run_id) -> r, raw   the record as stored (nil if none).
+--   record_load(bkey, run_id) -> r, raw   the record as it is: a sent run says dispatched.
+--   record_sent(tag, run_id, r)   whether a stored-as-scheduled run has been sent.
+--   record_find(tag, run_id) -> r, bkey   record_load from the run id alone.
+--   record_owned(bkey, run_id, tenant) -> r   record_load, nil if another tenant's.
+--   record_scheduled(bkey, run_id, tenant) -> r | nil, refusal   a tenant's run that is
+--       still scheduled, or the NOT_FOUND / INVALID_STATE reply.
+--   record_pack(r) -> raw;  record_create(bkey, run_id, raw) -> 1 | 0 (HSETNX);
+--   record_put(bkey, run_id, raw);  record_save(bkey, run_id, r) -> raw;
+--   record_delete(bkey, run_id).
 local R_STATE, R_ATTEMPT, R_DUE, R_TENANT, R_QUEUE, R_CREATED = 1, 2, 3, 4, 5, 6
 local R_PAYLOAD, R_OPTS, R_UPDATED, R_ERROR, R_SCHEDULE, R_DEAD = 7, 8, 9, 10, 11, 12
 local ST_SCHEDULED, ST_DISPATCHED, ST_SUCCEEDED, ST_CANCELLED, ST_DEAD = 0, 1, 2, 3, 4
--- A schedule's run that was not sent: misfire or overlap (DESIGN.md section 7).
+-- A schedule's run that was not sent: misfire or overlap (docs/design.md).
 local ST_SKIPPED = 5
 
 -- Where a run lives, in one pass over its id: its task id (the run id before any '@'),
@@ -13,7 +28,8 @@ local ST_SKIPPED = 5
 -- from its id alone and a shard's bodies spread over 32*32 listpack-sized hashes.
 -- The field is the run id without the 3 shard characters and the 2 that chose the hash
 -- (the key implies all five): 5 bytes of every record.
--- '03f1gy61ezezgb00' -> '1gy61ezezgb', '03f1gy61ezezgb00@1795979241606' -> '1gy61ezezgb@1795979241606'
+-- '03f1gy61ezezgb00' -> '1gy61ezezgb',
+-- '03f1gy61ezezgb00@1795979241606' -> '1gy61ezezgb@1795979241606'
 local function run_place(tag, run_id)
   local at = string.find(run_id, '@', 1, true)
   if at then
@@ -52,7 +68,7 @@ end
 -- its schedule's overlap policy, is out at its next attempt. Every move that puts a
 -- run back (retry, release, replay, reschedule) places it in the wheel in the same call.
 local function record_sent(tag, run_id, r)
-  local promoted = tonumber(redis.call('HGET', tag .. 'meta', 'promoted_until')) or 0
+  local promoted = wheel_promoted_until(tag .. 'meta')
   if r[R_DUE] >= promoted or redis.call('ZSCORE', tag .. 'near:' .. r[R_TENANT], run_id) then
     return false
   end
@@ -67,6 +83,35 @@ local function record_load(bkey, run_id)
     r[R_STATE], r[R_ATTEMPT], r.sent = ST_DISPATCHED, r[R_ATTEMPT] + 1, true
   end
   return r, raw
+end
+
+-- A run's record found from its id alone (record_load), and its body hash key.
+local function record_find(tag, run_id)
+  local bkey = body_key(tag, run_id)
+  return (record_load(bkey, run_id)), bkey
+end
+
+-- A tenant's record (record_load), or nil: none, or another tenant's (which to this
+-- tenant does not exist).
+local function record_owned(bkey, run_id, tenant)
+  local r = record_load(bkey, run_id)
+  if r == nil or r[R_TENANT] ~= tenant then
+    return nil
+  end
+  return r
+end
+
+-- A tenant's run that must still be scheduled (cancel, update): its record, or nil and
+-- the reply refusing the call: {-1} NOT_FOUND or {-2, state} INVALID_STATE.
+local function record_scheduled(bkey, run_id, tenant)
+  local r = record_owned(bkey, run_id, tenant)
+  if r == nil then
+    return nil, { -1 }
+  end
+  if r[R_STATE] ~= ST_SCHEDULED then
+    return nil, { -2, r[R_STATE] }
+  end
+  return r
 end
 
 -- Write a packed record only if the run has none: 1 if written, 0 if one was there.

@@ -1,5 +1,12 @@
--- Retry or bury a run whose attempt failed (run_fail.lua, dispatch_reap.lua). Needs lib/record.lua,
--- lib/wheel.lua, lib/events.lua and lib/schedule.lua included before it.
+-- Retry or bury a run whose attempt failed (run_fail.lua, dispatch_reap.lua, and the
+-- tick for a run past its expires_at). Calls lib/record.lua, lib/wheel.lua, lib/wake.lua,
+-- lib/events.lua, lib/dead.lua and lib/schedule.lua (before it in LIBS).
+--
+--   retry_policy(r, defaults) -> p   the retry policy of a run.
+--   retry_backoff_ms(p, attempt, rand) -> ms   the wait before the next attempt.
+--   retry_or_bury(tag, bkey, run_id, r, ctx) -> 'retry', due_ms | 'dead', entry_id
+--       ctx: now, defaults, error, reason, permanent, delay_ms (nil = backoff), rand,
+--       bucket_ms, events_key, event_cap, and wake_channel, shard (optional).
 --
 -- policy: the task's own retry fields (record opts JSON, key 'retry') over the
 -- deployment defaults (a table with max_attempts, initial_s, factor, max_s, jitter).
@@ -49,24 +56,18 @@ local function retry_or_bury(tag, bkey, run_id, r, ctx)
     local delay = ctx.delay_ms or retry_backoff_ms(p, r[R_ATTEMPT], ctx.rand)
     r[R_STATE], r[R_DUE] = ST_SCHEDULED, now + delay
     local wake = wheel_place(tag, tag .. 'meta', run_id, tenant, r[R_DUE], ctx.bucket_ms)
-    if wake == 1 and ctx.wake_channel and ctx.wake_channel ~= '' then
-      redis.call('PUBLISH', ctx.wake_channel, ctx.shard)
-    end
+    wake_publish(wake, ctx.wake_channel, ctx.shard)
     record_save(bkey, run_id, r)
     event_emit(ctx.events_key, ctx.event_cap, 'e', 'retry_scheduled', 'id', run_id,
       'tenant', tenant, 'attempt', r[R_ATTEMPT], 'at', now, 'due_ms', r[R_DUE],
       'reason', ctx.reason, 'error', ctx.error)
     return 'retry', r[R_DUE]
   end
-  local entry = redis.call('XADD', tag .. 'dead:' .. tenant, '*', 'run_id', run_id,
-    'tenant', tenant, 'queue', r[R_QUEUE], 'attempt', r[R_ATTEMPT], 'reason', ctx.reason,
-    'error', ctx.error, 'dead_ms', now, 'due_ms', r[R_DUE], 'payload', r[R_PAYLOAD])
+  local entry = dead_letter(tag, run_id, r, ctx.reason, ctx.error, now)
   r[R_STATE], r[R_DEAD] = ST_DEAD, entry
   record_save(bkey, run_id, r)
-  if schedule_run_finished(tag, r[R_SCHEDULE], run_id, now, ctx.bucket_ms) == 1 and
-    ctx.wake_channel and ctx.wake_channel ~= '' then
-    redis.call('PUBLISH', ctx.wake_channel, ctx.shard)
-  end
+  wake_publish(schedule_run_finished(tag, r[R_SCHEDULE], run_id, now, ctx.bucket_ms),
+    ctx.wake_channel, ctx.shard)
   event_emit(ctx.events_key, ctx.event_cap, 'e', 'dead', 'id', run_id, 'tenant', tenant,
     'attempt', r[R_ATTEMPT], 'at', now, 'reason', ctx.reason, 'error', ctx.error)
   return 'dead', entry

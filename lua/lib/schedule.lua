@@ -1,5 +1,23 @@
--- Recurring schedules (DESIGN.md section 7). Needs lib/record.lua, lib/wheel.lua and
--- lib/events.lua included before it.
+-- Recurring schedules (docs/design.md). Calls lib/hash.lua, lib/record.lua,
+-- lib/wheel.lua and lib/events.lua (before it in LIBS). s below is a schedule's hash as
+-- a table, ctx the planning context of schedule_ctx.
+--
+--   schedule_key(tag, sid) -> skey;  schedule_load(skey) -> s | nil;
+--   schedule_owned(skey, tenant) -> s | nil (nil also for another tenant's);
+--   schedule_fires(text) -> fires   'ms,ms,...' as a list of numbers;
+--   schedule_opts(s) -> table   the options the schedule gives its runs.
+--   schedule_ctx(tag, now, bucket_ms, misfire_ms, events_key, event_cap) -> ctx
+--   schedule_extend(ctx, sid, skey, s, fires, after) -> added, skipped   plan fire times
+--       and move the cursor, ending the schedule when nothing is left;
+--       schedule_plan(ctx, sid, s, fires, after) -> added, skipped   only materialize.
+--   schedule_runs_late(o, fire, now, misfire_ms)   whether a late run still runs.
+--   schedule_skip(ctx, run_id, tenant, fire, reason, bkey, r)   record a skipped fire time.
+--   schedule_drop_pending(tag, sid, bucket_ms) -> earliest, dropped   remove the runs
+--       not yet sent.
+--   schedule_run_live(tag, run_id)   whether a run is in flight.
+--   schedule_run_finished(tag, sid, run_id, now, bucket_ms) -> wake   a run's end
+--       releases the run overlap held back.
+--   schedule_admit(ctx, bkey, run_id, r)   the tick's misfire and overlap checks.
 --
 --   tag..'s:'..sid   HASH  the schedule: tenant queue payload opts spec catchup window_ms
 --                          overlap max_runs state (active|paused|ended) cursor (last fire
@@ -17,7 +35,7 @@
 -- catchup, window_ms, overlap, and next_ms (when the schedule's next run is due, which
 -- decides 'latest'). Manual and backfilled runs carry origin instead and are exempt
 -- from catchup and overlap.
--- Jitter: a schedule's opts may hold jitter_offset_ms (timewheel/schedules.py picks it
+-- Jitter: a schedule's opts may hold jitter_offset_ms (timewheel/schedules/model.py picks it
 -- per schedule within its jitter_s). Each run is then due that long after its fire time:
 -- its record, wheel place, sr score and the next_ms of the run before it say fire +
 -- offset, so lateness is measured from there. Its id and the schedule's cursor and
@@ -25,6 +43,14 @@
 
 local function schedule_key(tag, sid)
   return tag .. 's:' .. sid
+end
+
+-- The context the planning helpers below take (ctx): the shard tag, now, bucket_ms,
+-- misfire_ms, the event log (events_key, event_cap), and wake, set to 1 once a run they
+-- materialize becomes the shard's next action. The tick adds sent (schedule_admit).
+local function schedule_ctx(tag, now, bucket_ms, misfire_ms, events_key, event_cap)
+  return { tag = tag, now = now, bucket_ms = bucket_ms, misfire_ms = misfire_ms,
+    events_key = events_key, event_cap = event_cap, wake = 0 }
 end
 
 -- Whether a run due at `fire` (its fire time plus any jitter offset) still runs at
@@ -58,16 +84,21 @@ local function schedule_skip(ctx, run_id, tenant, fire, reason, bkey, r)
     'at', ctx.now, 'due_ms', fire, 'reason', reason)
 end
 
+-- The options a schedule gives its runs (its opts JSON) as a new table, {} for none.
+local function schedule_opts(s)
+  if s.opts and s.opts ~= '' then
+    return cjson.decode(s.opts)
+  end
+  return {}
+end
+
 -- Materialize fire times `fires` (ascending) of schedule s (a table of its hash fields)
 -- whose next fire time after the last is `after` (-1 = none). A fire time already
 -- missed by more than misfire_ms follows the catchup policy. Materializing an existing
 -- run id is a no-op. Returns runs added, fire times skipped.
 local function schedule_plan(ctx, sid, s, fires, after)
   local tag = ctx.tag
-  local base = {}
-  if s.opts and s.opts ~= '' then
-    base = cjson.decode(s.opts)
-  end
+  local base = schedule_opts(s)
   base.catchup, base.window_ms, base.overlap = s.catchup, tonumber(s.window_ms), s.overlap
   local offset = tonumber(base.jitter_offset_ms) or 0
   base.jitter_s, base.jitter_offset_ms = nil, nil  -- the schedule's, not each run's
@@ -109,8 +140,7 @@ local function schedule_drop_pending(tag, sid, bucket_ms)
   local members = redis.call('ZRANGE', srkey, 0, -1, 'WITHSCORES')
   for i = 1, #members, 2 do
     local run_id, fire = members[i], tonumber(members[i + 1])
-    local bkey = body_key(tag, run_id)
-    local r = record_load(bkey, run_id)
+    local r, bkey = record_find(tag, run_id)
     if r and r[R_STATE] == ST_SCHEDULED and r[R_ATTEMPT] == 0 then
       wheel_remove(tag, run_id, r[R_TENANT], r[R_DUE], bucket_ms)
       record_delete(bkey, run_id)
@@ -126,7 +156,7 @@ end
 
 -- A run in flight: dispatched, or back in the wheel for a retry.
 local function schedule_run_live(tag, run_id)
-  local r = record_load(body_key(tag, run_id), run_id)
+  local r = record_find(tag, run_id)
   return r ~= nil and (r[R_STATE] == ST_DISPATCHED or (r[R_STATE] == ST_SCHEDULED and
     r[R_ATTEMPT] > 0))
 end
@@ -147,8 +177,7 @@ local function schedule_run_finished(tag, sid, run_id, now, bucket_ms)
   if not held then
     return 0
   end
-  local hkey = body_key(tag, held)
-  local h = record_load(hkey, held)  -- while still held: out of the wheel, not sent
+  local h, hkey = record_find(tag, held)  -- while still held: out of the wheel, not sent
   redis.call('HDEL', skey, 'held')
   if h and h[R_STATE] == ST_SCHEDULED then
     h[R_DUE], h[R_UPDATED] = now, now
@@ -185,7 +214,7 @@ local function schedule_admit(ctx, bkey, run_id, r)
         or schedule_run_live(ctx.tag, inflight)) then
       if o.overlap == 'buffer_one' then
         local held = redis.call('HGET', skey, 'held')
-        local h = held and record_load(body_key(ctx.tag, held), held)
+        local h = held and record_find(ctx.tag, held)
         if not h or held == run_id or h[R_STATE] ~= ST_SCHEDULED then
           -- Held out of the wheel, still scheduled, until the run in flight finishes.
           redis.call('HSET', skey, 'held', run_id)
@@ -211,9 +240,14 @@ local function schedule_load(skey)
   if #flat == 0 then
     return nil
   end
-  local s = {}
-  for i = 1, #flat, 2 do
-    s[flat[i]] = flat[i + 1]
+  return hash_table(flat)
+end
+
+-- A tenant's schedule as a table (schedule_load), or nil: none, or another tenant's.
+local function schedule_owned(skey, tenant)
+  local s = schedule_load(skey)
+  if s == nil or s.tenant ~= tenant then
+    return nil
   end
   return s
 end

@@ -1,4 +1,4 @@
--- The hierarchical wheel of one shard (DESIGN.md section 3).
+-- The hierarchical wheel of one shard (docs/design.md).
 --   near level:  tag..'near:'..tenant  ZSET run_id -> due_ms, for runs due before the
 --                shard's promoted_until; tag..'due' ZSET tenant -> earliest near due_ms
 --                (may be stale-early after a cancel; the tick repairs it).
@@ -6,6 +6,17 @@
 --                tag..'wheel' ZSET bucket_start -> bucket_start. Bodies stay in the body
 --                hash; the promoter reads due_ms and tenant from there.
 -- Invariant: no far-level entry has due_ms < meta.promoted_until.
+--
+--   wheel_place(tag, meta, run_id, tenant, due_ms, bucket_ms, promoted_until) -> wake
+--       put a scheduled run in its level (promoted_until optional).
+--   wheel_remove(tag, run_id, tenant, due_ms, bucket_ms)   take it out again.
+--   wheel_retain(tag, run_id, finished_ms, bucket_ms)   index a finished record for expiry.
+--   wheel_promoted_until(meta) -> ms   where the near level ends.
+--   wheel_member(run_id) -> member;  wheel_run_id(tag, member) -> run_id   far buckets'
+--       members, without the shard characters.
+--   wheel_first_bucket(index_key, upto) -> start | nil   the oldest bucket of an index.
+--   wheel_drain(index_key, bucket_prefix, upto, limit, each, meta_key, bucket_field,
+--       cursor_field) -> taken, at_limit   empty buckets of an index, in bounded steps.
 
 -- A far bucket's member is the run id without its 3 shard characters: the key's tag
 -- implies them (3 bytes of every far-level run).
@@ -69,9 +80,60 @@ end
 
 -- Finished records (succeeded, cancelled, dead) are kept for the retention window so
 -- GET and idempotent creates still find them; they are indexed by finish bucket in
--- tag..'x:'..bucket HASH run_id -> '' and tag..'expiry' ZSET, purged by expire_finished.
+-- tag..'x:'..bucket HASH run_id -> '' and tag..'expiry' ZSET, purged by dispatch_expire.lua.
 local function wheel_retain(tag, run_id, finished_ms, bucket_ms)
   local bucket = finished_ms - (finished_ms % bucket_ms)
   redis.call('HSET', tag .. 'x:' .. bucket, run_id, '')
   redis.call('ZADD', tag .. 'expiry', bucket, bucket)
+end
+
+-- The oldest bucket of an index (tag..'wheel', tag..'expiry') that starts at or before
+-- upto, or nil.
+local function wheel_first_bucket(index_key, upto)
+  return redis.call('ZRANGE', index_key, '-inf', upto, 'BYSCORE', 'LIMIT', 0, 1)[1]
+end
+
+-- Empty the buckets of an index that start at or before upto, oldest first: each member
+-- (field of bucket_prefix..start) is handed to each(member), then deleted, and a bucket
+-- left empty leaves the index. At most `limit` members per call. A bucket is read with
+-- HSCAN from a cursor kept in meta_key (fields bucket_field, cursor_field), so a large
+-- (hashtable) bucket, such as a thundering herd's, is drained across calls in bounded
+-- steps. Returns members taken, and whether it stopped at the limit (true: buckets may
+-- remain) rather than for want of one (false).
+local function wheel_drain(index_key, bucket_prefix, upto, limit, each, meta_key, bucket_field,
+    cursor_field)
+  local taken = 0
+  while taken < limit do
+    local b = wheel_first_bucket(index_key, upto)
+    if b == nil then
+      return taken, false
+    end
+    local key = bucket_prefix .. b
+    local state = redis.call('HMGET', meta_key, bucket_field, cursor_field)
+    local cursor = '0'
+    if state[1] == b and state[2] then
+      cursor = state[2]
+    end
+    local scan = redis.call('HSCAN', key, cursor, 'COUNT', limit - taken)
+    local fields = scan[2]
+    local members = {}
+    for i = 1, #fields, 2 do
+      members[#members + 1] = fields[i]
+      each(fields[i])
+    end
+    if #members > 0 then
+      redis.call('HDEL', key, unpack(members))
+    end
+    taken = taken + #members
+    if redis.call('EXISTS', key) == 0 then
+      redis.call('ZREM', index_key, b)
+      redis.call('HDEL', meta_key, bucket_field, cursor_field)
+    elseif scan[1] == '0' then
+      -- A full pass is done but members added meanwhile remain: start a new pass.
+      redis.call('HDEL', meta_key, bucket_field, cursor_field)
+    else
+      redis.call('HSET', meta_key, bucket_field, b, cursor_field, scan[1])
+    end
+  end
+  return taken, true
 end

@@ -107,7 +107,7 @@ class Keys:
         return self.tag(shard) + "rates"
 
     def tokens(self, shard: int) -> str:
-        """HASH tenant -> 'tokens:stamp_ms': the token buckets of lua/dispatch_tick.lua."""
+        """HASH tenant -> 'tokens:stamp_ms': the tick's token buckets (lua/lib/rate.lua)."""
         return self.tag(shard) + "tokens"
 
     def lease(self, shard: int) -> str:

@@ -58,7 +58,21 @@ OPERATIONS = (
     "restore_schedule",
     "restore_runs",
 )
-LIBS = ("record", "clock", "wheel", "events", "lease", "schedule", "retry", "lag")
+LIBS = (
+    "hash",
+    "clock",
+    "wheel",
+    "record",
+    "wake",
+    "events",
+    "lease",
+    "dead",
+    "schedule",
+    "retry",
+    "lag",
+    "rate",
+    "delivery",
+)
 """lua/lib/ helpers in library order: each after the helpers it calls."""
 _INCLUDE = re.compile(r"^--!include (\S+)\s*$", re.MULTILINE)
 _CODE = re.compile(r"\{(-\d+)[^}]*\}\s+([A-Z_]+)")
