@@ -11,7 +11,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from timewheel.store.server import RedisClusterServers, RedisServer
+from timewheel.store.server import RedisServer
+from timewheel.testing.redis_cluster import RedisClusterServers
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,5 @@
-"""Tests of timewheel.redis_server: local redis-server processes for dev and tests."""
+"""Local redis-server processes: timewheel.store.server (standalone, for dev and tests)
+and timewheel.testing.redis_cluster (a 3-primary Cluster)."""
 
 from __future__ import annotations
 
@@ -12,13 +13,9 @@ from redis.cluster import RedisCluster
 
 from timewheel.errors import ConfigError
 from timewheel.store import server as redis_server
-from timewheel.store.server import (
-    CLUSTER_SLOTS,
-    RECOMMENDED_CONFIG,
-    RedisClusterServers,
-    RedisServer,
-    find_free_port,
-)
+from timewheel.store.server import RECOMMENDED_CONFIG, RedisServer, find_free_port
+from timewheel.testing import redis_cluster as cluster_servers
+from timewheel.testing.redis_cluster import CLUSTER_SLOTS, RedisClusterServers
 
 DEPLOY_REDIS_CONF = Path(__file__).resolve().parent.parent / "deploy" / "redis.conf"
 
@@ -92,7 +89,7 @@ def test_missing_binary_raises_config_error(monkeypatch: pytest.MonkeyPatch) -> 
     with pytest.raises(ConfigError, match="redis-server not found on PATH"):
         redis_server.redis_server_binary()
     with pytest.raises(ConfigError, match="redis-cli not found on PATH"):
-        redis_server.redis_cli_binary()
+        cluster_servers.redis_cli_binary()
 
 
 @pytest.mark.cluster

@@ -19,8 +19,9 @@ from tests.test_api import tenant_headers
 from timewheel.api import create_app
 from timewheel.engine import Engine
 from timewheel.errors import RedisUnavailable, ReplicasBehind
-from timewheel.store.server import RedisClusterServers, RedisServer
+from timewheel.store.server import RedisServer
 from timewheel.tasks.model import NewTask
+from timewheel.testing.redis_cluster import RedisClusterServers
 
 
 def sync_client(server: RedisServer) -> redis.Redis:
