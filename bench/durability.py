@@ -43,7 +43,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # for tests.pos
 
 from common import percentile
 
-from tests.postgres import PostgresServer
 from timewheel.archive import pg
 from timewheel.archive.archiver import Archiver
 from timewheel.archive.restore import restore
@@ -52,6 +51,7 @@ from timewheel.config import Settings
 from timewheel.engine import Engine
 from timewheel.store.server import RedisServer
 from timewheel.tasks.model import NewTask
+from timewheel.testing.postgres import PostgresServer
 
 RESULTS = Path(__file__).resolve().parent / "results" / "durability.json"
 SHARDS = 64

@@ -15,9 +15,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import test_settings
 from timewheel.config import Settings
 from timewheel.store.server import RedisServer, find_free_port
+from timewheel.testing.settings import test_settings
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,6 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.conftest import test_settings
 from tests.helpers import running_scheduler
 from timewheel.archive import pg
 from timewheel.archive.archiver import Archiver
@@ -29,6 +28,7 @@ from timewheel.errors import RedisUnavailable
 from timewheel.store.server import RedisServer
 from timewheel.store.shard import Store
 from timewheel.tasks.model import NewTask
+from timewheel.testing.settings import test_settings
 
 CLI = [sys.executable, "-m", "timewheel.cli"]
 

@@ -17,7 +17,6 @@ import pytest
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ResponseError
 
-from tests.conftest import test_settings
 from tests.helpers import all_deliveries, running_scheduler
 from tests.test_archive import archive_all
 from timewheel import ids
@@ -31,6 +30,7 @@ from timewheel.errors import RestoreRefused, TaskNotFound
 from timewheel.models import Task
 from timewheel.store.server import RedisServer
 from timewheel.tasks.model import NewTask
+from timewheel.testing.settings import test_settings
 
 CLI = [sys.executable, "-m", "timewheel.cli"]
 HOUR_MS = 3_600_000

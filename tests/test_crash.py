@@ -41,7 +41,6 @@ import redis.exceptions
 import uvloop
 
 from tests.apiserver import start_api
-from tests.conftest import test_settings
 from tests.helpers import all_deliveries, stream_keys
 from tests.nodes import Fleet, NodeProcess, settings_env
 from timewheel.config import Settings
@@ -52,6 +51,7 @@ from timewheel.sdk.client import Client
 from timewheel.store.connection import connect
 from timewheel.store.server import RedisServer
 from timewheel.tasks.model import NewTask
+from timewheel.testing.settings import test_settings
 
 REPO = Path(__file__).resolve().parents[1]
 

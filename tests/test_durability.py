@@ -7,12 +7,12 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from tests.conftest import test_settings
 from tests.helpers import all_deliveries, running_scheduler
 from timewheel.engine import Engine
 from timewheel.errors import RedisUnavailable
 from timewheel.store.server import RedisServer
 from timewheel.tasks.model import NewTask
+from timewheel.testing.settings import test_settings
 
 
 async def test_acknowledged_creates_survive_kill_9_of_redis(tmp_path: Path) -> None:

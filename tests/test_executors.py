@@ -15,7 +15,6 @@ from typing import Any, ClassVar
 
 import pytest
 
-from tests.conftest import test_settings
 from tests.helpers import running_scheduler
 from tests.nodes import settings_env
 from tests.test_engine import NOW, prime, tick_all
@@ -28,6 +27,7 @@ from timewheel.runs.webhook import WebhookExecutor, retry_after_s
 from timewheel.runs.worker import Worker
 from timewheel.store.server import find_free_port
 from timewheel.tasks.model import NewTask
+from timewheel.testing.settings import test_settings
 
 
 @pytest.fixture

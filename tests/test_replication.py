@@ -13,7 +13,6 @@ import httpx
 import pytest
 import redis
 
-from tests.conftest import test_settings
 from tests.helpers import all_deliveries, running_scheduler
 from tests.test_api import tenant_headers
 from timewheel.api import create_app
@@ -22,6 +21,7 @@ from timewheel.errors import RedisUnavailable, ReplicasBehind
 from timewheel.store.server import RedisServer
 from timewheel.tasks.model import NewTask
 from timewheel.testing.redis_cluster import RedisClusterServers
+from timewheel.testing.settings import test_settings
 
 
 def sync_client(server: RedisServer) -> redis.Redis:

@@ -6,12 +6,12 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from tests.conftest import test_settings
 from tests.test_schedules import NOW, every
 from timewheel.engine import Engine
 from timewheel.errors import ValidationError
 from timewheel.schedules.listing import list_schedules
 from timewheel.schedules.model import NewSchedule
+from timewheel.testing.settings import test_settings
 
 
 @pytest.fixture

@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import test_settings
 from tests.helpers import all_deliveries, running_scheduler
 from timewheel.dispatch.scheduler import Scheduler
 from timewheel.engine import Engine
@@ -19,6 +18,7 @@ from timewheel.models import Delivery
 from timewheel.runs.worker import Worker
 from timewheel.schedules.model import NewSchedule
 from timewheel.schedules.spec import ScheduleSpec, fire_times
+from timewheel.testing.settings import test_settings
 
 MISFIRE_MS = 1_000
 

@@ -13,13 +13,13 @@ from typing import Any
 
 import httpx
 
-from tests.conftest import test_settings
 from tests.helpers import all_deliveries
 from tests.nodes import Fleet, NodeProcess
 from timewheel.config import Settings
 from timewheel.engine import Engine
 from timewheel.store.server import find_free_port
 from timewheel.tasks.model import NewTask
+from timewheel.testing.settings import test_settings
 
 TTL_MS = 2000
 

@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import test_settings
 from tests.helpers import all_deliveries
 from timewheel.engine import Engine
 from timewheel.errors import InvalidState, TaskNotFound
 from timewheel.models import Delivery
 from timewheel.schedules.model import NewSchedule, ScheduleChanges
 from timewheel.schedules.spec import ScheduleSpec
+from timewheel.testing.settings import test_settings
 
 NOW = 1_800_000_000_000  # a whole second, so every-1-s fire times are NOW + k * 1000
 GROUP = "g"

@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from tests.conftest import test_settings
 from timewheel.engine import Engine
 from timewheel.errors import ConfigError
 from timewheel.store.library import (
@@ -23,6 +22,7 @@ from timewheel.store.library import (
 )
 from timewheel.store.record import FIELDS
 from timewheel.tasks.model import NewTask
+from timewheel.testing.settings import test_settings
 from timewheel.types import TaskState
 
 

@@ -1,10 +1,12 @@
-"""A throwaway PostgreSQL server for tests: initdb + pg_ctl on a free loopback port.
+"""A throwaway PostgreSQL server for tests and benches: initdb + pg_ctl on a free
+loopback port.
 
 The server binaries come from /usr/lib/postgresql/<version>/bin (Debian's layout;
 .ci/bootstrap installs them). PostgreSQL refuses to run as root, so when the tests run
 as root the data directory is given to the `postgres` OS user and every server command
-runs through `runuser -u postgres`. Missing binaries or user fail the test loudly.
-Each test gets a database of its own (`postgres_dsn`), created from template0.
+runs through `runuser -u postgres`. Missing binaries or user raise RuntimeError: the
+test that needs the server fails loudly. Each test gets a database of its own
+(`create_database`, the plugin's `postgres_dsn` fixture), created from template0.
 """
 
 from __future__ import annotations
@@ -17,11 +19,9 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
-import pytest
 
 from timewheel.store.server import find_free_port
 
@@ -126,20 +126,3 @@ class PostgresServer:
             time.sleep(0.05)
         with contextlib.suppress(OSError):
             shutil.rmtree(self.root)
-
-
-@pytest.fixture(scope="session")
-def postgres_server() -> Iterator[PostgresServer]:
-    """One PostgreSQL server for the session (about 2 s to start)."""
-    server = PostgresServer()
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture
-def postgres_dsn(postgres_server: PostgresServer) -> str:
-    """A fresh, empty database of the session's server."""
-    return postgres_server.create_database()
