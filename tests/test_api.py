@@ -12,23 +12,14 @@ import pytest
 import redis.asyncio as aioredis
 from starlette.routing import Route
 
-from tests.test_engine import prime, tick_all
 from timewheel.api import create_app
 from timewheel.config import Settings
 from timewheel.engine import Engine
 from timewheel.runs.worker import Worker
 from timewheel.store.server import find_free_port
 from timewheel.store.shard import Store
-from timewheel.tenants import Limits, TenantStore
-
-
-async def tenant_headers(engine: Engine, tenant: str) -> dict[str, str]:
-    """Register `tenant` (if new) and return headers with a fresh key of it."""
-    store = TenantStore(engine.client, engine.keys, bucket_ms=engine.settings.bucket_ms)
-    if not await engine.client.hexists(engine.keys.tenants(), tenant):
-        await store.create_tenant(tenant, Limits())
-    _, key = await store.issue_key(tenant)
-    return {"Authorization": f"Bearer {key}"}
+from timewheel.testing.api import assert_error, tenant_headers
+from timewheel.testing.dispatch import prime, tick_all
 
 
 @pytest.fixture
@@ -46,16 +37,6 @@ def in_future(seconds: float) -> str:
 
 def _ms(rfc3339: str) -> int:
     return round(datetime.fromisoformat(rfc3339).timestamp() * 1000)
-
-
-def assert_error(resp: httpx.Response, status: int, code: str, field: str | None = None) -> None:
-    assert resp.status_code == status, resp.text
-    body = resp.json()
-    assert set(body) == {"error"}
-    assert body["error"]["code"] == code
-    assert isinstance(body["error"]["message"], str) and body["error"]["message"]
-    if field is not None:
-        assert body["error"]["field"] == field
 
 
 async def test_create_get_patch_delete(client: httpx.AsyncClient) -> None:

@@ -17,8 +17,6 @@ import pytest
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ResponseError
 
-from tests.helpers import all_deliveries, running_scheduler
-from tests.test_archive import archive_all
 from timewheel import ids
 from timewheel.archive import pg
 from timewheel.archive.events import EVENT_COLUMNS, event_rows
@@ -30,6 +28,8 @@ from timewheel.errors import RestoreRefused, TaskNotFound
 from timewheel.models import Task
 from timewheel.store.server import RedisServer
 from timewheel.tasks.model import NewTask
+from timewheel.testing.archive import archive_all
+from timewheel.testing.dispatch import all_deliveries, running_scheduler
 from timewheel.testing.settings import test_settings
 
 CLI = [sys.executable, "-m", "timewheel.cli"]

@@ -13,13 +13,12 @@ from typing import Any
 
 import pytest
 
-from tests.apiserver import ApiServer, api_server
-from tests.test_engine import prime, tick_all
 from timewheel.cli.main import main
 from timewheel.engine import Engine
 from timewheel.runs.worker import Worker
+from timewheel.testing.apiserver import ApiServer
+from timewheel.testing.dispatch import prime, tick_all
 
-__all__ = ["api_server"]
 CLI = [sys.executable, "-m", "timewheel.cli"]
 
 

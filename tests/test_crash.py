@@ -40,9 +40,6 @@ import redis.asyncio as aioredis
 import redis.exceptions
 import uvloop
 
-from tests.apiserver import start_api
-from tests.helpers import all_deliveries, stream_keys
-from tests.nodes import Fleet, NodeProcess, settings_env
 from timewheel.config import Settings
 from timewheel.engine import Engine
 from timewheel.errors import TaskNotFound
@@ -51,6 +48,9 @@ from timewheel.sdk.client import Client
 from timewheel.store.connection import connect
 from timewheel.store.server import RedisServer
 from timewheel.tasks.model import NewTask
+from timewheel.testing.apiserver import start_api
+from timewheel.testing.dispatch import all_deliveries, stream_keys
+from timewheel.testing.nodes import Fleet, NodeProcess, settings_env
 from timewheel.testing.settings import test_settings
 
 REPO = Path(__file__).resolve().parents[1]
@@ -405,7 +405,7 @@ WORKER_CONCURRENCY = 100
 
 
 class WorkerProcess:
-    """A `timewheel worker --app tests.crash_apps:record` subprocess and its files."""
+    """A `timewheel worker --app timewheel.testing.crash_apps:record` subprocess and its files."""
 
     def __init__(self, settings: Settings, name: str, log_dir: Path, tenant: str, queue: str):
         self.name = name
@@ -424,7 +424,7 @@ class WorkerProcess:
                     "timewheel.cli",
                     "worker",
                     "--app",
-                    "tests.crash_apps:record",
+                    "timewheel.testing.crash_apps:record",
                     "--tenant",
                     tenant,
                     "--queue",

@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import all_deliveries, running_scheduler
 from timewheel.dispatch.tick import Dispatch
 from timewheel.engine import Engine
 from timewheel.models import Delivery, TickResult
 from timewheel.runs.worker import Worker
 from timewheel.tasks.model import NewTask
+from timewheel.testing.dispatch import all_deliveries, running_scheduler
 from timewheel.testing.settings import test_settings
 
 

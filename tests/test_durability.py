@@ -7,11 +7,11 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from tests.helpers import all_deliveries, running_scheduler
 from timewheel.engine import Engine
 from timewheel.errors import RedisUnavailable
 from timewheel.store.server import RedisServer
 from timewheel.tasks.model import NewTask
+from timewheel.testing.dispatch import all_deliveries, running_scheduler
 from timewheel.testing.settings import test_settings
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 from redis.asyncio.cluster import RedisCluster
 
-from tests.helpers import all_deliveries
 from timewheel.engine import Engine
 from timewheel.errors import InvalidState, PayloadTooLarge, TaskNotFound, ValidationError
 from timewheel.ids import shard_of
@@ -14,21 +13,8 @@ from timewheel.runs.worker import Worker
 from timewheel.store.keys import Keys
 from timewheel.tasks.listing import list_tasks
 from timewheel.tasks.model import NewTask
-
-NOW = 1_800_000_000_000  # a fixed shard clock for deterministic tests (2027-01-15)
-
-
-async def prime(engine: Engine, now_ms: int = NOW) -> None:
-    """Run the promoter once on every shard, as a scheduler does at start."""
-    for shard in range(engine.settings.shards):
-        await engine.dispatch.promote(shard, now_ms=now_ms)
-
-
-async def tick_all(engine: Engine, now_ms: int, limit: int | None = None) -> int:
-    total = 0
-    for shard in range(engine.settings.shards):
-        total += (await engine.dispatch.tick(shard, now_ms=now_ms, limit=limit)).dispatched
-    return total
+from timewheel.testing.clock import NOW
+from timewheel.testing.dispatch import all_deliveries, prime, tick_all
 
 
 async def test_create_then_get_returns_the_stored_task(engine: Engine) -> None:

@@ -15,9 +15,6 @@ from typing import Any, ClassVar
 
 import pytest
 
-from tests.helpers import running_scheduler
-from tests.nodes import settings_env
-from tests.test_engine import NOW, prime, tick_all
 from timewheel.archive.history import run_history
 from timewheel.engine import Engine
 from timewheel.errors import PermanentError, TaskNotFound
@@ -27,6 +24,9 @@ from timewheel.runs.webhook import WebhookExecutor, retry_after_s
 from timewheel.runs.worker import Worker
 from timewheel.store.server import find_free_port
 from timewheel.tasks.model import NewTask
+from timewheel.testing.clock import NOW
+from timewheel.testing.dispatch import prime, running_scheduler, tick_all
+from timewheel.testing.nodes import settings_env
 from timewheel.testing.settings import test_settings
 
 
@@ -192,7 +192,7 @@ async def test_a_killed_worker_s_run_is_retried_after_its_lease(
             "timewheel.cli",
             "worker",
             "--app",
-            "tests.apps:sleepy",
+            "timewheel.testing.apps:sleepy",
             "--tenant",
             "acme",
             "--queue",

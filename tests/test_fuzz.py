@@ -19,12 +19,11 @@ from schemathesis.checks import (
     status_code_conformance,
 )
 
-from tests.apiserver import ApiServer, api_server
 from timewheel.api.app import ENDPOINTS
 from timewheel.api.openapi import document
 from timewheel.sdk.client import Client
+from timewheel.testing.apiserver import ApiServer
 
-__all__ = ["api_server"]
 MAX_EXAMPLES = 100
 CHECKS = [
     not_a_server_error,

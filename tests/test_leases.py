@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from tests.test_engine import NOW, prime
 from timewheel.dispatch.leases import Leases, rendezvous_owner, share_of
 from timewheel.dispatch.scheduler import Scheduler
 from timewheel.engine import Engine
 from timewheel.errors import LeaseLost
 from timewheel.tasks.model import NewTask
+from timewheel.testing.clock import NOW
+from timewheel.testing.dispatch import prime
 
 
 def test_rendezvous_gives_every_shard_one_owner_and_moves_little() -> None:

@@ -6,12 +6,12 @@ from __future__ import annotations
 import asyncio
 import time
 
-from tests.helpers import all_deliveries, running_scheduler
-from tests.test_engine import NOW, prime
 from timewheel.dispatch.rates import DispatchRates, share_text
 from timewheel.engine import Engine
 from timewheel.tasks.model import NewTask
 from timewheel.tenants import Limits, TenantStore
+from timewheel.testing.clock import NOW
+from timewheel.testing.dispatch import all_deliveries, prime, running_scheduler
 
 
 def _neighbour(engine: Engine, shard: int) -> str:

@@ -13,13 +13,13 @@ import httpx
 import pytest
 import redis
 
-from tests.helpers import all_deliveries, running_scheduler
-from tests.test_api import tenant_headers
 from timewheel.api import create_app
 from timewheel.engine import Engine
 from timewheel.errors import RedisUnavailable, ReplicasBehind
 from timewheel.store.server import RedisServer
 from timewheel.tasks.model import NewTask
+from timewheel.testing.api import tenant_headers
+from timewheel.testing.dispatch import all_deliveries, running_scheduler
 from timewheel.testing.redis_cluster import RedisClusterServers
 from timewheel.testing.settings import test_settings
 

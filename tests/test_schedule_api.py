@@ -11,10 +11,10 @@ from itertools import pairwise
 import httpx
 import pytest
 
-from tests.helpers import all_deliveries, running_scheduler
-from tests.test_api import assert_error, tenant_headers
 from timewheel.api import create_app
 from timewheel.engine import Engine
+from timewheel.testing.api import assert_error, tenant_headers
+from timewheel.testing.dispatch import all_deliveries, running_scheduler
 from timewheel.testing.settings import test_settings
 
 

@@ -13,11 +13,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.apiserver import ApiServer, api_server
 from timewheel.errors import NotFoundError, PermissionDeniedError, UnprocessableError
 from timewheel.sdk.client import AsyncClient, Client
-
-__all__ = ["api_server"]
+from timewheel.testing.apiserver import ApiServer
 
 
 class Recorder:

@@ -8,14 +8,18 @@ from collections import Counter
 
 import pytest
 
-from tests.test_schedules import NOW, create, engine, events, every, run_at
 from timewheel.engine import Engine
 from timewheel.errors import ValidationError
 from timewheel.schedules.model import NewSchedule, ScheduleChanges
 from timewheel.schedules.spec import ScheduleSpec
 from timewheel.tasks.window import offset_ms
+from timewheel.testing.clock import NOW
+from timewheel.testing.schedules import create, events, every, run_at
 
-__all__ = ["engine"]
+
+@pytest.fixture
+def engine(schedule_engine: Engine) -> Engine:
+    return schedule_engine
 
 
 async def test_runs_are_due_their_schedules_offset_after_each_fire_time(engine: Engine) -> None:

@@ -6,11 +6,12 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from tests.test_schedules import NOW, every
 from timewheel.engine import Engine
 from timewheel.errors import ValidationError
 from timewheel.schedules.listing import list_schedules
 from timewheel.schedules.model import NewSchedule
+from timewheel.testing.clock import NOW
+from timewheel.testing.schedules import every
 from timewheel.testing.settings import test_settings
 
 

@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import all_deliveries, running_scheduler
 from timewheel.dispatch.scheduler import Scheduler
 from timewheel.engine import Engine
 from timewheel.models import Delivery
 from timewheel.runs.worker import Worker
 from timewheel.schedules.model import NewSchedule
 from timewheel.schedules.spec import ScheduleSpec, fire_times
+from timewheel.testing.dispatch import all_deliveries, running_scheduler
 from timewheel.testing.settings import test_settings
 
 MISFIRE_MS = 1_000

@@ -18,10 +18,10 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from tests.helpers import all_deliveries, running_scheduler
 from timewheel.engine import Engine
 from timewheel.schedules.model import NewSchedule
 from timewheel.schedules.spec import ScheduleSpec, fire_times
+from timewheel.testing.dispatch import all_deliveries, running_scheduler
 from timewheel.testing.settings import test_settings
 
 SCHEDULES = 5_000

@@ -13,12 +13,12 @@ from typing import Any
 
 import httpx
 
-from tests.helpers import all_deliveries
-from tests.nodes import Fleet, NodeProcess
 from timewheel.config import Settings
 from timewheel.engine import Engine
 from timewheel.store.server import find_free_port
 from timewheel.tasks.model import NewTask
+from timewheel.testing.dispatch import all_deliveries
+from timewheel.testing.nodes import Fleet, NodeProcess
 from timewheel.testing.settings import test_settings
 
 TTL_MS = 2000

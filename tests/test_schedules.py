@@ -3,67 +3,21 @@ materializing, catch-up after downtime, overlap, and the control operations."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from typing import Any
-
 import pytest
 
-from tests.helpers import all_deliveries
 from timewheel.engine import Engine
 from timewheel.errors import InvalidState, TaskNotFound
 from timewheel.models import Delivery
 from timewheel.schedules.model import NewSchedule, ScheduleChanges
-from timewheel.schedules.spec import ScheduleSpec
-from timewheel.testing.settings import test_settings
+from timewheel.testing.clock import NOW
+from timewheel.testing.schedules import create, events, every, run_at
 
-NOW = 1_800_000_000_000  # a whole second, so every-1-s fire times are NOW + k * 1000
 GROUP = "g"
 
 
 @pytest.fixture
-async def engine(redis_url: str) -> AsyncIterator[Engine]:
-    eng = await Engine.connect(
-        test_settings(redis_url, plan_horizon_ms=5_000, misfire_ms=2_000, horizon_ms=60_000)
-    )
-    try:
-        yield eng
-    finally:
-        await eng.close()
-
-
-async def run_at(engine: Engine, now: int, *, plan: bool = True) -> list[Delivery]:
-    """What one scheduler pass at `now` does: plan, promote, tick; returns new deliveries."""
-    before = {d.entry_id + d.stream for d in await all_deliveries(engine)}
-    for shard in range(engine.settings.shards):
-        if plan:
-            await engine.planner.plan(shard, now_ms=now)
-        await engine.dispatch.promote(shard, now_ms=now)
-        while (await engine.dispatch.tick(shard, now_ms=now)).consumed:
-            pass
-    return [d for d in await all_deliveries(engine) if d.entry_id + d.stream not in before]
-
-
-async def events(engine: Engine, sid: str, kind: str) -> list[dict[str, str]]:
-    shard = int(sid[:3], 16)
-    entries: Any = await engine.client.xrange(engine.keys.events(shard))
-    out = []
-    for _, fields in entries:
-        f = {k.decode(): v.decode() for k, v in fields.items()}
-        if f["e"] == kind and f.get("id", "").startswith(sid):
-            out.append(f)
-    return out
-
-
-def every(seconds: float, **kw: Any) -> ScheduleSpec:
-    return ScheduleSpec(every_s=seconds, **kw)
-
-
-async def create(engine: Engine, spec: ScheduleSpec, **kw: Any) -> str:
-    sched, created = await engine.schedules.create(
-        NewSchedule(tenant="acme", spec=spec, **kw), now_ms=NOW
-    )
-    assert created
-    return sched.id
+def engine(schedule_engine: Engine) -> Engine:
+    return schedule_engine
 
 
 async def test_every_second_materializes_the_horizon_and_fires_each_second(

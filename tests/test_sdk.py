@@ -13,8 +13,6 @@ import httpx
 import pytest
 import redis
 
-from tests.apiserver import ApiServer, api_server
-from tests.test_engine import prime, tick_all
 from timewheel.engine import Engine
 from timewheel.errors import (
     ApiError,
@@ -32,8 +30,8 @@ from timewheel.runs.worker import Worker
 from timewheel.sdk.client import AsyncClient, Client, raise_for
 from timewheel.store.keys import Keys
 from timewheel.store.server import find_free_port
-
-__all__ = ["api_server"]
+from timewheel.testing.apiserver import ApiServer
+from timewheel.testing.dispatch import prime, tick_all
 
 
 def _name(prefix: str) -> str:

@@ -7,10 +7,10 @@ from collections import Counter
 
 import pytest
 
-from tests.test_engine import NOW
 from timewheel.engine import Engine
 from timewheel.errors import ValidationError
 from timewheel.tasks.model import NewTask
+from timewheel.testing.clock import NOW
 
 
 async def test_a_window_spreads_a_herd_evenly_over_it(engine: Engine) -> None:

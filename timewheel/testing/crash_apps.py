@@ -1,4 +1,4 @@
-"""Handlers for the crash tests: `timewheel worker --app tests.crash_apps:record`.
+"""Handlers for the crash tests: `timewheel worker --app timewheel.testing.crash_apps:record`.
 
 Each worker process appends one line per handled run to its own file, $TW_CRASH_LOG:
 `<run_id> <attempt> ok` just before the handler returns (the worker then acks), or

@@ -1,5 +1,5 @@
-"""A real `timewheel api` process (uvicorn) on a free port, against the session's
-standalone redis-server, with its own key prefix and a bootstrap admin key."""
+"""A real `timewheel api` process (uvicorn) on a free port, with its own key prefix and
+a bootstrap admin key."""
 
 from __future__ import annotations
 
@@ -8,15 +8,13 @@ import secrets
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-import pytest
 
 from timewheel.config import Settings
-from timewheel.store.server import RedisServer, find_free_port
+from timewheel.store.server import find_free_port
 from timewheel.testing.settings import test_settings
 
 
@@ -29,6 +27,7 @@ class ApiServer:
 
 
 def start_api(redis_url: str, log: Path) -> tuple[subprocess.Popen[bytes], ApiServer]:
+    """Start `timewheel api` on `redis_url`, logging to `log`, and wait for /healthz."""
     settings = test_settings(redis_url)
     admin_key = "tw_admin_" + secrets.token_hex(16)
     port = find_free_port()
@@ -69,18 +68,3 @@ def start_api(redis_url: str, log: Path) -> tuple[subprocess.Popen[bytes], ApiSe
             raise AssertionError(f"api did not start:\n{log.read_text()}")
         time.sleep(0.05)
     return proc, ApiServer(url, admin_key, settings)
-
-
-@pytest.fixture(scope="module")
-def api_server(
-    redis_standalone: RedisServer, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[ApiServer]:
-    """One api process per test module."""
-    log = tmp_path_factory.mktemp("api") / "api.log"
-    proc, server = start_api(redis_standalone.url, log)
-    try:
-        yield server
-    finally:
-        proc.terminate()
-        proc.wait(timeout=20)
-    assert "Traceback" not in log.read_text(), log.read_text()

@@ -1,4 +1,4 @@
-"""Handlers that tests run with `timewheel worker --app tests.apps:<name>`."""
+"""Handlers that tests run with `timewheel worker --app timewheel.testing.apps:<name>`."""
 
 from __future__ import annotations
 
