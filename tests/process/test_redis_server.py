@@ -17,7 +17,7 @@ from timewheel.store.server import RECOMMENDED_CONFIG, RedisServer, find_free_po
 from timewheel.testing import redis_cluster as cluster_servers
 from timewheel.testing.redis_cluster import CLUSTER_SLOTS, RedisClusterServers
 
-DEPLOY_REDIS_CONF = Path(__file__).resolve().parent.parent / "deploy" / "redis.conf"
+DEPLOY_REDIS_CONF = Path(__file__).resolve().parents[2] / "deploy" / "redis.conf"
 
 
 def _client(server: RedisServer) -> redis.Redis:

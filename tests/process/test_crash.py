@@ -53,7 +53,7 @@ from timewheel.testing.dispatch import all_deliveries, stream_keys
 from timewheel.testing.nodes import Fleet, NodeProcess, settings_env
 from timewheel.testing.settings import test_settings
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def crash_seed() -> int:
