@@ -1,26 +1,19 @@
-"""Archiver: every event into PostgreSQL exactly once, trimming bounded by its checkpoint,
-migrations, and the history fallback. Real PostgreSQL and redis-server (fixtures)."""
+"""Archiver in process: every event into PostgreSQL exactly once, migrations, snapshots,
+restarts of Redis and PostgreSQL under it, and the history fallback. Real PostgreSQL
+and redis-server (fixtures)."""
 
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import subprocess
-import sys
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import psycopg
-import pytest
 
 from timewheel.archive import pg
 from timewheel.archive.archiver import Archiver
 from timewheel.archive.history import run_history
 from timewheel.archive.snapshot import take_snapshot
-from timewheel.config import Settings
 from timewheel.engine import Engine
 from timewheel.errors import RedisUnavailable
 from timewheel.store.server import RedisServer
@@ -28,17 +21,6 @@ from timewheel.store.shard import Store
 from timewheel.tasks.model import NewTask
 from timewheel.testing.archive import archive_all, make_history, pg_rows, redis_rows
 from timewheel.testing.settings import test_settings
-
-CLI = [sys.executable, "-m", "timewheel.cli"]
-
-
-@pytest.fixture
-async def engine_pg(standalone_url: str, postgres_dsn: str) -> AsyncIterator[tuple[Engine, str]]:
-    eng = await Engine.connect(test_settings(standalone_url, postgres_dsn=postgres_dsn))
-    try:
-        yield eng, postgres_dsn
-    finally:
-        await eng.close()
 
 
 async def test_migrations_ship_in_the_package_and_apply_once(postgres_dsn: str) -> None:
@@ -77,145 +59,6 @@ async def test_archiver_stores_each_event_once_with_payloads(
     for shard in range(engine.settings.shards):
         mark = await engine.client.hget(engine.keys.meta(shard), "archived")
         assert mark is not None
-
-
-def _archiver(settings: Settings, dsn: str, log: Path) -> subprocess.Popen[bytes]:
-    env = {
-        **os.environ,
-        "TIMEWHEEL_REDIS_URL": settings.redis_url,
-        "TIMEWHEEL_PREFIX": settings.prefix,
-        "TIMEWHEEL_SHARDS": str(settings.shards),
-        "TIMEWHEEL_BUCKET_MS": str(settings.bucket_ms),
-        "TIMEWHEEL_ARCHIVE_BATCH": "7",
-        "TIMEWHEEL_POSTGRES_DSN": dsn,
-        "PYTHONUNBUFFERED": "1",
-    }
-    with log.open("ab") as out:
-        return subprocess.Popen(
-            [*CLI, "archiver", "--poll-ms", "5"], env=env, stdout=out, stderr=subprocess.STDOUT
-        )
-
-
-async def _in_transaction(watch: psycopg.AsyncConnection[Any]) -> bool:
-    """Whether another session of this database has a transaction open (the archiver's)."""
-    cur = await watch.execute(
-        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-        " AND pid <> pg_backend_pid() AND xact_start IS NOT NULL"
-    )
-    row = await cur.fetchone()
-    return bool(row and int(str(row[0])))
-
-
-async def _count(dsn: str) -> int:
-    async with await psycopg.AsyncConnection.connect(dsn) as conn:
-        cur = await conn.execute("SELECT count(*) FROM run_events")
-        row = await cur.fetchone()
-        return int(str(row[0])) if row else 0
-
-
-async def test_sigkill_mid_batch_neither_loses_nor_doubles_an_event(
-    engine_pg: tuple[Engine, str], tmp_path: Path
-) -> None:
-    engine, dsn = engine_pg
-    log = tmp_path / "archiver.log"
-    await make_history(engine, tasks=120)
-    async with pg.connection(dsn) as conn:
-        await pg.migrate(conn)  # so that the counts below can be read from the start
-    kills = 0
-    watch = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
-    proc = _archiver(engine.settings, dsn, log)
-    try:
-        for round_ in range(4):
-            # Keep writing while the archiver works, so a kill finds it inside a batch:
-            # one create call per task, so each is an entry of its own (a batch call
-            # writes one 'created' entry per shard).
-            await asyncio.gather(
-                *(
-                    engine.tasks.create_many(
-                        [NewTask(tenant=f"t{i % 3}", payload_json=str(round_), delay_ms=60_000)]
-                    )
-                    for i in range(80)
-                )
-            )
-            deadline = time.monotonic() + 30
-            before = await _count(dsn)
-            while await _count(dsn) == before or not await _in_transaction(watch):
-                # Kill only while its transaction is open: rows written, not committed.
-                assert proc.poll() is None, log.read_text()
-                assert time.monotonic() < deadline, log.read_text()
-                # More entries, so an archiver that caught up still has batches to run.
-                await engine.tasks.create_many(
-                    [NewTask(tenant="t0", payload_json=str(round_), delay_ms=60_000)]
-                )
-            proc.send_signal(signal.SIGKILL)
-            proc.wait(10)
-            kills += 1
-            proc = _archiver(engine.settings, dsn, log)
-        expected = await redis_rows(engine)
-        deadline = time.monotonic() + 60
-        while await _count(dsn) < len(expected):
-            assert proc.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, "archiver did not catch up"
-            await asyncio.sleep(0.05)
-        deadline = time.monotonic() + 30
-        while "archiver_started" not in log.read_text():  # its SIGTERM handler is set
-            assert time.monotonic() < deadline, log.read_text()
-            await asyncio.sleep(0.05)
-        await asyncio.sleep(0.2)  # a double would show up as more rows than events
-        assert kills == 4
-        assert await pg_rows(dsn) == expected
-    finally:
-        await watch.close()
-        proc.send_signal(signal.SIGTERM)
-        try:
-            assert proc.wait(10) == 0, log.read_text()
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-
-
-async def test_event_log_trimming_never_passes_the_checkpoint(standalone_url: str) -> None:
-    engine = await Engine.connect(test_settings(standalone_url, shards=1, event_log_max=100))
-    try:
-        events, meta = engine.keys.events(0), engine.keys.meta(0)
-
-        async def log_entries(n: int) -> None:
-            # One create call per task: each call writes one 'created' entry.
-            one = [NewTask(tenant="a", delay_ms=60_000)]
-            await asyncio.gather(*(engine.tasks.create_many(one) for _ in range(n)))
-
-        await log_entries(1000)
-        assert await engine.client.xlen(events) < 300  # no archiver: capped near 100
-        first: Any = await engine.client.xrange(events, count=1)
-        # The archiver has stored up to the oldest entry: nothing younger may go.
-        await engine.client.hset(meta, mapping={"archived": first[0][0], "archive_cap": 5000})
-        await log_entries(1000)
-        still: Any = await engine.client.xrange(events, count=1)
-        assert still[0][0] == first[0][0]
-        assert await engine.client.xlen(events) > 1000
-        # The checkpoint moves on: archived entries are trimmed (whole stream nodes).
-        last: Any = await engine.client.xrevrange(events, count=1)
-        await engine.client.hset(meta, "archived", last[0][0])
-        await log_entries(10)
-        assert await engine.client.xlen(events) < 200
-        # The hard cap: an archiver gone for good cannot make the log grow without bound.
-        await engine.client.hset(meta, mapping={"archived": "0-0", "archive_cap": 400})
-        await log_entries(1000)
-        assert await engine.client.xlen(events) < 600
-    finally:
-        await engine.close()
-
-
-async def test_history_finds_a_run_in_a_batch_created_entry_for_its_tenant_only(
-    standalone_engine: Engine,
-) -> None:
-    engine = standalone_engine
-    made = await engine.tasks.create_many(
-        [NewTask(tenant=("a", "b")[i % 2], delay_ms=60_000) for i in range(40)]
-    )
-    mine = made[0].task_id  # tenant a's, in an entry that names runs of b too
-    assert [e.kind for e in await run_history(engine.store, "a", mine)] == ["created"]
-    assert await run_history(engine.store, "b", mine) == []
 
 
 async def test_history_falls_back_to_postgres_when_the_log_lost_it(

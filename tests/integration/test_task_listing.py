@@ -1,4 +1,4 @@
-"""Listing a tenant's tasks (timewheel/tasklist.py) on standalone Redis and on Cluster."""
+"""Listing a tenant's tasks (timewheel/tasks/listing.py) on standalone Redis and on Cluster."""
 
 from __future__ import annotations
 

@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import signal
-import subprocess
-import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
@@ -20,50 +16,23 @@ from timewheel.engine import Engine
 from timewheel.errors import PermanentError, TaskNotFound
 from timewheel.models import Delivery
 from timewheel.runs import dead_letters as deadletters
-from timewheel.runs.webhook import WebhookExecutor, retry_after_s
+from timewheel.runs.webhook import WebhookExecutor
 from timewheel.runs.worker import Worker
 from timewheel.store.server import find_free_port
 from timewheel.tasks.model import NewTask
 from timewheel.testing.clock import NOW
-from timewheel.testing.dispatch import prime, running_scheduler, tick_all
-from timewheel.testing.nodes import settings_env
-from timewheel.testing.settings import test_settings
+from timewheel.testing.dispatch import prime, running_scheduler, tick_all, work_until
+from timewheel.testing.settings import executor_settings, test_settings
 
 
 @pytest.fixture
 async def fast(standalone_url: str) -> AsyncIterator[Engine]:
     """An engine with short retry, lease and reap times, so tests take seconds."""
-    settings = test_settings(
-        standalone_url,
-        retry_initial_ms=100,
-        retry_jitter="proportional",
-        visibility_timeout_ms=1000,
-        min_visibility_timeout_ms=100,
-        reap_interval_ms=100,
-        poll_cap_ms=50,
-    )
-    engine = await Engine.connect(settings)
+    engine = await Engine.connect(executor_settings(standalone_url))
     try:
         yield engine
     finally:
         await engine.close()
-
-
-async def work_until(
-    worker: Worker, handler: Callable[[Delivery], Any], done: Callable[[], bool], timeout_s: float
-) -> None:
-    """Run the worker until done() is true (or fail after timeout_s)."""
-    stop = asyncio.Event()
-    task = asyncio.create_task(worker.run(handler, stop))
-    deadline = time.monotonic() + timeout_s
-    try:
-        while not done():
-            assert time.monotonic() < deadline, "timed out"
-            assert not task.done(), task
-            await asyncio.sleep(0.02)
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 10)
 
 
 async def test_fails_twice_then_succeeds_with_backoff_between_attempts(fast: Engine) -> None:
@@ -176,66 +145,6 @@ async def test_exhausted_attempts_go_to_dead_letters_then_replay_and_purge(fast:
         await deadletters.purge(fast.store, "acme", permanent.task_id)
 
 
-async def test_a_killed_worker_s_run_is_retried_after_its_lease(
-    fast: Engine, tmp_path: Path
-) -> None:
-    marker = tmp_path / "picked"
-    created = await fast.tasks.create(
-        NewTask(tenant="acme", queue="jobs", delay_ms=0, options={"visibility_timeout_s": 1.0})
-    )
-    env = {**settings_env(fast.settings), "TW_TEST_MARKER": str(marker)}
-    log = (tmp_path / "worker.log").open("w")
-    victim = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "timewheel.cli",
-            "worker",
-            "--app",
-            "timewheel.testing.apps:sleepy",
-            "--tenant",
-            "acme",
-            "--queue",
-            "jobs",
-            "--redis-url",
-            fast.settings.redis_url,
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env=env,
-    )
-    seen: list[Delivery] = []
-
-    async def finish(d: Delivery) -> None:
-        seen.append(d)
-
-    try:
-        async with running_scheduler(fast):
-            deadline = time.monotonic() + 20
-            while not marker.exists():
-                assert time.monotonic() < deadline and victim.poll() is None, "never picked up"
-                await asyncio.sleep(0.05)
-            assert marker.read_text().split() == [created.task_id, "1"]
-            victim.send_signal(signal.SIGKILL)
-            victim.wait(10)
-            rescuer = Worker(fast.store, "acme", "jobs", consumer="rescuer")
-            await work_until(rescuer, finish, lambda: rescuer.handled == 1, 15)
-    finally:
-        if victim.poll() is None:
-            victim.kill()
-            victim.wait()
-        log.close()
-    assert [(d.run_id, d.attempt) for d in seen] == [(created.task_id, 2)]
-    task = await fast.tasks.get("acme", created.task_id)
-    assert (task.state, task.attempt) == ("succeeded", 2)
-    reasons = [
-        e.reason
-        for e in await run_history(fast.store, "acme", created.task_id)
-        if e.kind == "retry_scheduled"
-    ]
-    assert reasons == ["lease_expired"]
-
-
 async def test_heartbeat_keeps_a_long_handler_s_lease(fast: Engine) -> None:
     created = await fast.tasks.create(
         NewTask(tenant="acme", delay_ms=0, options={"visibility_timeout_s": 0.6})
@@ -326,12 +235,6 @@ async def test_webhook_retries_500_and_503_with_retry_after_then_acks_200(fast: 
     assert _Hooks.seen[2][0] - _Hooks.seen[1][0] >= 0.95  # Retry-After: 1 was honoured
     task = await fast.tasks.get("acme", created.task_id)
     assert (task.state, task.attempt) == ("succeeded", 3)
-
-
-def test_retry_after_header_forms() -> None:
-    assert retry_after_s("7") == 7.0
-    assert retry_after_s("Wed, 21 Oct 2015 07:28:00 GMT", now_s=1445412470.0) == 10.0
-    assert retry_after_s("soon") is None and retry_after_s(None) is None
 
 
 async def test_streams_stay_bounded_over_100000_acked_runs(standalone_url: str) -> None:

@@ -1,33 +1,17 @@
-"""Shard leases and fencing: the Lua contract, rendezvous shares, one node's lease rounds."""
+"""Shard leases and fencing on a real Redis: the Lua contract, heartbeats, one node's
+lease rounds and a hand-over between two schedulers."""
 
 from __future__ import annotations
 
 import pytest
 
-from timewheel.dispatch.leases import Leases, rendezvous_owner, share_of
+from timewheel.dispatch.leases import Leases, share_of
 from timewheel.dispatch.scheduler import Scheduler
 from timewheel.engine import Engine
 from timewheel.errors import LeaseLost
 from timewheel.tasks.model import NewTask
 from timewheel.testing.clock import NOW
 from timewheel.testing.dispatch import prime
-
-
-def test_rendezvous_gives_every_shard_one_owner_and_moves_little() -> None:
-    nodes = ["node-a", "node-b", "node-c"]
-    shares = [share_of(n, nodes, 64) for n in nodes]
-    assert set().union(*shares) == set(range(64))
-    assert sum(len(s) for s in shares) == 64
-    assert all(10 <= len(s) <= 32 for s in shares), [len(s) for s in shares]
-    # A fourth node takes shards only from the others; nothing moves between the three.
-    moved = [
-        s
-        for s in range(64)
-        if rendezvous_owner(s, nodes) != rendezvous_owner(s, [*nodes, "node-d"])
-    ]
-    assert all(rendezvous_owner(s, [*nodes, "node-d"]) == "node-d" for s in moved)
-    assert 5 <= len(moved) <= 30
-    assert rendezvous_owner(3, []) is None
 
 
 async def test_lease_acquire_renew_release_and_epochs(engine: Engine) -> None:

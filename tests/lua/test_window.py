@@ -1,5 +1,5 @@
-"""A task's `window_s` spreads its due time over [run_at, run_at + window] (DESIGN.md
-section 8), on standalone and Cluster."""
+"""A task's `window_s` spreads its due time over [run_at, run_at + window], on standalone
+and Cluster."""
 
 from __future__ import annotations
 

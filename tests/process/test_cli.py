@@ -14,8 +14,6 @@ from typing import Any
 import httpx
 import redis
 
-from timewheel.engine import Engine
-from timewheel.store import deployment
 from timewheel.store.library import OPERATIONS
 from timewheel.store.server import RedisServer, find_free_port
 
@@ -178,9 +176,3 @@ def test_api_and_scheduler_refuse_a_redis_that_would_lose_tasks(tmp_path: Path) 
             assert node.wait(timeout=20) == 0
             if node.stdout is not None:
                 node.stdout.close()
-
-
-async def test_a_safe_redis_passes_the_durability_check(engine: Engine) -> None:
-    await deployment.check_durability(
-        engine.client, engine.settings
-    )  # AOF always, noeviction: no error (every primary)

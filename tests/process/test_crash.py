@@ -1,4 +1,4 @@
-"""Crash tests (issue 7, durability): SIGKILL at random moments, nothing acknowledged lost.
+"""Crash tests (durability): SIGKILL at random moments, nothing acknowledged lost.
 
 1. A client creates tasks continuously through a real `timewheel api` process while the
    redis-server under it is killed with SIGKILL at 5 random moments and restarted from
@@ -9,8 +9,8 @@
    processes, each kind killed with SIGKILL (and restarted) 4 times at random moments.
    Afterwards every task is succeeded (or dead, for the ones whose handler always fails:
    their retry policy), none missing, none stuck; runs handled twice are counted.
-3. A regression test for a 500 the first one found (uvloop's RuntimeError on a write to a
-   connection the dying redis-server had reset).
+3. A write to a connection the dying redis-server had reset, under uvloop: a connection
+   error (503), not uvloop's RuntimeError (500).
 
 The moments come from a seeded RNG. The seed is printed and is part of every assertion
 message; TW_CRASH_SEED=<seed> replays the same choices (the machine's timing still varies).
@@ -661,13 +661,13 @@ async def test_scheduler_and_worker_kill_9_lose_no_task(tmp_path: Path) -> None:
         server.stop()
 
 
-# -- regression: a connection closed under uvloop ---------------------------------------
+# -- 3. a connection closed under uvloop -----------------------------------------------
 
 
 def test_a_write_to_a_reset_connection_on_uvloop_is_a_connection_error(tmp_path: Path) -> None:
-    """Seen as a 500 in test_api_creates_survive_kill_9_of_redis_server: the API runs on
-    uvloop, which raises RuntimeError for a write to a transport a reset has closed;
-    timewheel's connections make that the ConnectionError (-> 503) it is."""
+    """The API runs on uvloop, which raises RuntimeError for a write to a transport a
+    reset has closed (as when redis-server is killed under the API); timewheel's
+    connections make that the ConnectionError (-> 503) it is."""
     server = RedisServer(tmp_path / "redis")
     server.start()
 

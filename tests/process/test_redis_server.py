@@ -3,8 +3,6 @@ and timewheel.testing.redis_cluster (a 3-primary Cluster)."""
 
 from __future__ import annotations
 
-import shlex
-import socket
 from pathlib import Path
 
 import pytest
@@ -12,12 +10,8 @@ import redis
 from redis.cluster import RedisCluster
 
 from timewheel.errors import ConfigError
-from timewheel.store import server as redis_server
-from timewheel.store.server import RECOMMENDED_CONFIG, RedisServer, find_free_port
-from timewheel.testing import redis_cluster as cluster_servers
+from timewheel.store.server import RedisServer
 from timewheel.testing.redis_cluster import CLUSTER_SLOTS, RedisClusterServers
-
-DEPLOY_REDIS_CONF = Path(__file__).resolve().parents[2] / "deploy" / "redis.conf"
 
 
 def _client(server: RedisServer) -> redis.Redis:
@@ -83,15 +77,6 @@ def test_start_failure_raises_config_error_with_log_tail(tmp_path: Path) -> None
     assert not server.is_running()
 
 
-def test_missing_binary_raises_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("shutil.which", lambda name: None)
-    monkeypatch.setattr("os.access", lambda path, mode: False)
-    with pytest.raises(ConfigError, match="redis-server not found on PATH"):
-        redis_server.redis_server_binary()
-    with pytest.raises(ConfigError, match="redis-cli not found on PATH"):
-        cluster_servers.redis_cli_binary()
-
-
 @pytest.mark.cluster
 def test_cluster_serves_all_slots_from_three_primaries(
     redis_cluster: RedisClusterServers,
@@ -135,30 +120,3 @@ def test_cluster_client_writes_and_reads(redis_cluster: RedisClusterServers) -> 
             client.delete(key)
     finally:
         client.close()
-
-
-def _parse_redis_conf(path: Path) -> dict[str, str]:
-    settings: dict[str, str] = {}
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
-        name, *args = shlex.split(line)
-        settings[name.lower()] = " ".join(args)
-    return settings
-
-
-def test_deploy_redis_conf_holds_recommended_config() -> None:
-    settings = _parse_redis_conf(DEPLOY_REDIS_CONF)
-    for name, value in RECOMMENDED_CONFIG.items():
-        assert settings.get(name) == value, name
-    assert settings["appendonly"] == "yes"
-    assert settings["dir"] == "/data"
-
-
-def test_find_free_port_leaves_cluster_bus_port_free() -> None:
-    for _ in range(20):
-        port = find_free_port(cluster_bus=True)
-        assert 0 < port <= 65535 - 10000
-        for candidate in (port, port + 10000):
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-                sock.bind(("127.0.0.1", candidate))

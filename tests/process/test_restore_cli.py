@@ -1,5 +1,6 @@
-"""Snapshot and restore: Redis wiped (FLUSHALL) after a snapshot and more work comes back
-from PostgreSQL; the CLI refuses what it must with one line and the right exit code."""
+"""`timewheel snapshot` and `timewheel restore` processes: Redis wiped (FLUSHALL) after a
+snapshot and more work comes back from PostgreSQL; the CLI refuses what it must with one
+line and the right exit code."""
 
 from __future__ import annotations
 
@@ -9,22 +10,13 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
-from pathlib import Path
-from typing import Any
+from collections.abc import Sequence
 
 import pytest
-from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import ResponseError
 
-from timewheel import ids
-from timewheel.archive import pg
-from timewheel.archive.events import EVENT_COLUMNS, event_rows
-from timewheel.archive.restore import RestoredRun, restore
-from timewheel.archive.snapshot import take_snapshot
 from timewheel.config import Settings
 from timewheel.engine import Engine
-from timewheel.errors import RestoreRefused, TaskNotFound
+from timewheel.errors import TaskNotFound
 from timewheel.models import Task
 from timewheel.store.server import RedisServer
 from timewheel.tasks.model import NewTask
@@ -34,14 +26,6 @@ from timewheel.testing.settings import test_settings
 
 CLI = [sys.executable, "-m", "timewheel.cli"]
 HOUR_MS = 3_600_000
-
-
-@pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
-    """A redis-server of this test's own: it gets FLUSHALL."""
-    server = RedisServer(tmp_path / "redis", appendfsync="everysec")
-    with server:
-        yield server
 
 
 def cli_env(settings: Settings) -> dict[str, str]:
@@ -231,140 +215,6 @@ def test_restore_without_a_snapshot_says_so(own_redis: RedisServer, postgres_dsn
     )
     assert done.returncode == 2
     assert "no timewheel tables" in done.stderr and "Traceback" not in done.stderr
-
-
-async def test_restore_script_writes_the_record_and_places_it_in_the_wheel(
-    standalone_engine: Engine,
-) -> None:
-    engine = standalone_engine
-    run_id = ids.make_task_id(3, ids.new_token())
-    run = RestoredRun(
-        state="dispatched",
-        attempt=2,
-        due_ms=5_000_000,
-        tenant="a",
-        queue="q",
-        created_ms=1_000,
-        payload='{"x":1}',
-        opts='{"retry":{"max_attempts":3}}',
-        updated_ms=2_000,
-        last_error="boom",
-    )
-    keys, bucket_ms = [engine.keys.meta(3)], engine.settings.bucket_ms
-    reply = await engine.store.scripts.restore_runs(
-        engine.client, keys, [bucket_ms, 1, *run.args(run_id)]
-    )
-    assert reply == [1, 0]
-    task = await engine.tasks.get("a", run_id)
-    assert (task.state, task.attempt, task.due_ms, task.queue, task.created_ms) == (
-        "scheduled",
-        2,
-        5_000_000,
-        "q",
-        1_000,
-    )
-    assert (task.updated_ms, task.payload_json, task.last_error, task.schedule_id) == (
-        2_000,
-        '{"x":1}',
-        "boom",
-        None,
-    )
-    assert task.options == {"retry": {"max_attempts": 3}}
-    bucket = engine.keys.bucket(3, 5_000_000 - 5_000_000 % bucket_ms)
-    assert await engine.client.hexists(bucket, engine.keys.bucket_member(run_id))  # far level
-    # A run already there is left alone; malformed input is an error reply.
-    again = await engine.store.scripts.restore_runs(
-        engine.client, keys, [bucket_ms, 1, *run.args(run_id)]
-    )
-    assert again == [0, 1]
-    with pytest.raises(ResponseError, match="n <= 200 groups of 11"):
-        await engine.store.scripts.restore_runs(
-            engine.client, keys, [bucket_ms, 2, *run.args(run_id)]
-        )
-
-
-def test_archiver_stores_entries_it_does_not_know_instead_of_stopping() -> None:
-    rows = event_rows(2, b"1700000000000-4", {b"e": b"fired", b"schedule": b"s1"})
-    assert [r[:6] for r in rows] == [[2, 1700000000000, 4, "", "fired", 1700000000000]]
-    assert event_rows(2, b"5-0", {b"e": b"dispatched", b"runs": b""}) == []
-    [row] = event_rows(2, b"5-1", {b"e": b"dispatched", b"at": b"7", b"runs": b"s1@60000:3"})
-    assert (row[3], row[8]) == ("s1@60000", 3)
-
-
-def test_a_created_entry_becomes_a_row_per_run_old_and_new_shape() -> None:
-    batch = {b"e": b"created", b"at": b"9", b"runs": b"00a1:acme:mail:500,00a2:beta:q:600"}
-    rows = event_rows(10, b"9-0", batch)
-    columns = ("run_id", "kind", "at_ms", "tenant", "queue", "due_ms")
-    picked = [tuple(dict(zip(EVENT_COLUMNS, r, strict=True))[c] for c in columns) for r in rows]
-    assert picked == [
-        ("00a1", "created", 9, "acme", "mail", 500),
-        ("00a2", "created", 9, "beta", "q", 600),
-    ]
-    # Entries written before one-entry-per-call name a single run in fields of its own.
-    single = {b"e": b"created", b"id": b"00a3", b"tenant": b"acme", b"queue": b"q"}
-    [row] = event_rows(10, b"9-1", {**single, b"due_ms": b"700", b"at": b"9"})
-    assert (row[3], row[6], row[7], row[9]) == ("00a3", "acme", "q", 700)
-
-
-async def test_restore_opens_each_event_log_past_the_archiver_checkpoint(
-    own_redis: RedisServer, postgres_dsn: str
-) -> None:
-    """A new server whose clock is behind the old one's must not write events the
-    archiver would skip (it reads after its checkpoint)."""
-    settings = test_settings(own_redis.url, postgres_dsn=postgres_dsn, shards=1)
-    engine = await Engine.connect(settings)
-    try:
-        await engine.tasks.create_many([NewTask(tenant="a", delay_ms=HOUR_MS)])
-        await archive_all(engine, postgres_dsn)
-        async with pg.connection(postgres_dsn) as conn:
-            await take_snapshot(engine.store, conn)
-            ahead_ms = int(time.time() * 1000) + HOUR_MS  # the old server's clock, say
-            await conn.execute(
-                "UPDATE archive_checkpoints SET last_ms = %s, last_seq = 5", (ahead_ms,)
-            )
-            await conn.commit()
-        await engine.client.flushall()
-        await restore(settings)
-        await engine.tasks.create_many([NewTask(tenant="a", delay_ms=HOUR_MS)])
-        entries: Any = await engine.client.xrange(engine.keys.events(0))
-        assert [e[1][b"e"] for e in entries] == [b"restored", b"created"]
-        assert entries[0][0] == f"{ahead_ms}-6".encode()
-        archiver = await archive_all(engine, postgres_dsn)
-        assert archiver.archived_total == 2  # both read, none skipped
-    finally:
-        await engine.close()
-
-
-async def test_forced_restore_on_standalone_and_cluster(engine: Engine, postgres_dsn: str) -> None:
-    """The session's servers hold other tests' keys: only --force may write there, and the
-    runs of this test's prefix, deleted, come back."""
-    made = await engine.tasks.create_many(
-        [NewTask(tenant=f"t{i % 4}", payload_json=str(i), delay_ms=HOUR_MS) for i in range(30)]
-    )
-    await archive_all(engine, postgres_dsn)
-    async with pg.connection(postgres_dsn) as conn:
-        await take_snapshot(engine.store, conn)
-    settings = test_settings(
-        engine.settings.redis_url, prefix=engine.settings.prefix, postgres_dsn=postgres_dsn
-    )
-    with pytest.raises(RestoreRefused, match="not empty"):
-        await restore(settings)
-    pattern = f"{{{engine.settings.prefix}:*"
-    client = engine.client
-    if isinstance(client, RedisCluster):
-        for node in client.get_primaries():
-            async for key in client.scan_iter(match=pattern, target_nodes=node):
-                await client.delete(key)
-    else:
-        async for key in client.scan_iter(match=pattern):
-            await client.delete(key)
-    with pytest.raises(TaskNotFound):
-        await engine.tasks.get("t0", made[0].task_id)
-    result = await restore(settings, force=True)
-    assert (result.restored, result.existing) == (30, 0)
-    for i, r in enumerate(made):
-        task = await engine.tasks.get(f"t{i % 4}", r.task_id)
-        assert (task.state, task.payload_json) == ("scheduled", str(i))
 
 
 async def test_schedules_come_back_and_resume_per_their_catchup_policy(

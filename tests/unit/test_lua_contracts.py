@@ -1,28 +1,23 @@
-"""Contracts of the Lua sources: headers, return codes, record layout, loading."""
+"""Contracts of the Lua sources, read from the files: headers, return codes, record
+layout, includes, and a library version that follows the sources."""
 
 from __future__ import annotations
 
 import re
 import shutil
 from pathlib import Path
-from typing import Any
 
 import pytest
-import redis.asyncio as aioredis
 
-from timewheel.engine import Engine
 from timewheel.errors import ConfigError
 from timewheel.store.library import (
     OPERATIONS,
     Library,
     ScriptCode,
-    function_name,
     header_codes,
     lua_dir,
 )
 from timewheel.store.record import FIELDS
-from timewheel.tasks.model import NewTask
-from timewheel.testing.settings import test_settings
 from timewheel.types import TaskState
 
 
@@ -89,24 +84,6 @@ def test_includes_are_resolved_and_helpers_read_no_keys_or_argv(tmp_path: Path) 
         assert "KEYS[" not in text and "ARGV[" not in text, lib.name
 
 
-async def test_the_library_loads_and_each_operation_is_one_of_its_functions(
-    standalone_url: str,
-) -> None:
-    library = Library.build()
-    client = aioredis.Redis.from_url(standalone_url)
-    try:
-        await library.load(client)
-        await library.load(client)  # a second load of the same version is not an error
-        listed: Any = await client.execute_command(  # type: ignore[no-untyped-call]
-            "FUNCTION", "LIST", "LIBRARYNAME", library.name
-        )
-        [entry] = [e for e in listed if _field(e, b"library_name") == library.name.encode()]
-        names = {_field(f, b"name").decode() for f in _field(entry, b"functions")}
-        assert names == {function_name(library.version, op) for op in OPERATIONS}
-    finally:
-        await client.aclose()
-
-
 def test_the_library_version_follows_the_sources(tmp_path: Path) -> None:
     shutil.copytree(lua_dir(), tmp_path / "lua")
     before = Library.build(tmp_path / "lua")
@@ -115,26 +92,3 @@ def test_the_library_version_follows_the_sources(tmp_path: Path) -> None:
     tick.write_text(tick.read_text() + "\n-- changed\n")
     after = Library.build(tmp_path / "lua")
     assert after.version != before.version and after.name != before.name
-
-
-async def test_a_server_without_the_library_gets_it_on_first_call(standalone_url: str) -> None:
-    """After a FUNCTION FLUSH (a new or emptied server) a call loads the library and
-    runs once, alone and in a pipeline."""
-    engine = await Engine.connect(test_settings(standalone_url, shards=1))
-    try:
-        await engine.client.execute_command("FUNCTION", "FLUSH")
-        [made] = await engine.tasks.create_many([NewTask(tenant="a", delay_ms=60_000)])
-        assert (await engine.tasks.get("a", made.task_id)).state == "scheduled"
-        await engine.client.execute_command("FUNCTION", "FLUSH")
-        await engine.tasks.cancel("a", made.task_id)
-        assert (await engine.tasks.get("a", made.task_id)).state == "cancelled"
-    finally:
-        await engine.close()
-
-
-def _field(entry: Any, name: bytes) -> Any:
-    """A field of a FUNCTION LIST reply: a dict (redis-py's callback) or a flat list."""
-    if isinstance(entry, dict):
-        return entry.get(name, entry.get(name.decode()))
-    pairs = dict(zip(entry[::2], entry[1::2], strict=True))
-    return pairs[name]

@@ -2,7 +2,8 @@
 
 Load it with ``pytest_plugins = ["timewheel.testing.plugin"]`` in the top conftest.py.
 The servers are session-scoped and started on first use: a standalone redis-server with
-AOF (appendfsync always), a 3-primary Redis Cluster and a PostgreSQL server. A missing
+AOF (appendfsync always), a 3-primary Redis Cluster and a PostgreSQL server; `own_redis`
+is a redis-server of one test's own. A missing
 binary fails the test that needs it loudly; nothing is ever skipped.
 
 Each test gets its own key prefix (`test_settings`), so tests never see each other's
@@ -13,6 +14,7 @@ runs every test that uses it twice: on the standalone server and on the Cluster.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -28,6 +30,14 @@ from timewheel.testing.settings import test_settings
 def redis_standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     """One standalone redis-server with AOF (appendfsync always), stopped at session end."""
     server = RedisServer(tmp_path_factory.mktemp("redis-standalone"), appendfsync="always")
+    with server:
+        yield server
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    """A redis-server of this test's own (appendfsync everysec), for a test that wipes it."""
+    server = RedisServer(tmp_path / "redis", appendfsync="everysec")
     with server:
         yield server
 
@@ -92,5 +102,15 @@ async def standalone_engine(standalone_url: str) -> AsyncIterator[Engine]:
     eng = await Engine.connect(test_settings(standalone_url))
     try:
         yield eng
+    finally:
+        await eng.close()
+
+
+@pytest.fixture
+async def engine_pg(standalone_url: str, postgres_dsn: str) -> AsyncIterator[tuple[Engine, str]]:
+    """An engine on the standalone server archiving to a fresh database, and its DSN."""
+    eng = await Engine.connect(test_settings(standalone_url, postgres_dsn=postgres_dsn))
+    try:
+        yield eng, postgres_dsn
     finally:
         await eng.close()
