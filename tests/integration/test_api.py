@@ -19,6 +19,7 @@ from timewheel.runs.worker import Worker
 from timewheel.store.server import find_free_port
 from timewheel.store.shard import Store
 from timewheel.testing.api import assert_error, tenant_headers
+from timewheel.testing.clock import FakeClock
 from timewheel.testing.dispatch import prime, tick_all
 
 
@@ -112,10 +113,10 @@ async def test_idempotent_create_answers_200_with_the_existing_task(
 async def test_cancel_after_dispatch_is_409(
     client: httpx.AsyncClient, standalone_engine: Engine
 ) -> None:
-    now = int(datetime.now(UTC).timestamp() * 1000)
-    await prime(standalone_engine, now)
+    clock = FakeClock.from_wall_clock()  # the API makes tasks due on the real clock
+    await prime(standalone_engine, clock.now_ms)
     created = (await client.post("/v1/tasks", json={"delay": 0})).json()
-    assert await tick_all(standalone_engine, now + 1000) == 1
+    assert await tick_all(standalone_engine, clock.advance(1000)) == 1
     assert (await client.get(f"/v1/tasks/{created['id']}")).json()["state"] == "dispatched"
     assert_error(await client.delete(f"/v1/tasks/{created['id']}"), 409, "invalid_state")
     assert_error(
@@ -246,14 +247,14 @@ async def test_batch_create_answers_per_item(client: httpx.AsyncClient) -> None:
 async def test_run_history_and_dead_letters_over_http(
     client: httpx.AsyncClient, standalone_engine: Engine
 ) -> None:
-    now = int(datetime.now(UTC).timestamp() * 1000)
-    await prime(standalone_engine, now)
+    clock = FakeClock.from_wall_clock()  # the API makes tasks due on the real clock
+    await prime(standalone_engine, clock.now_ms)
     task = (
         await client.post(
             "/v1/tasks", json={"delay": 0, "payload": {"k": "v"}, "retry": {"max_attempts": 1}}
         )
     ).json()
-    assert await tick_all(standalone_engine, now + 1000) == 1
+    assert await tick_all(standalone_engine, clock.advance(1000)) == 1
     worker = Worker(standalone_engine.store, "default", "default")
     [delivery] = await worker.read(block_ms=100)
     assert await worker.fail(delivery, "ValueError: nope") == "dead"
@@ -280,10 +281,10 @@ async def test_run_history_and_dead_letters_over_http(
 async def test_dead_letter_pages_and_purge(
     client: httpx.AsyncClient, standalone_engine: Engine
 ) -> None:
-    now = int(datetime.now(UTC).timestamp() * 1000)
-    await prime(standalone_engine, now)
+    clock = FakeClock.from_wall_clock()  # the API makes tasks due on the real clock
+    await prime(standalone_engine, clock.now_ms)
     ids = [(await client.post("/v1/tasks", json={"delay": 0})).json()["id"] for _ in range(5)]
-    assert await tick_all(standalone_engine, now + 1000) == 5
+    assert await tick_all(standalone_engine, clock.advance(1000)) == 5
     worker = Worker(standalone_engine.store, "default", "default")
     for delivery in await worker.read(count=10, block_ms=100):
         await worker.fail(delivery, "gone", permanent=True)

@@ -8,7 +8,6 @@ import os
 import secrets
 import subprocess
 import sys
-from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -17,6 +16,7 @@ from timewheel.cli.main import main
 from timewheel.engine import Engine
 from timewheel.runs.worker import Worker
 from timewheel.testing.apiserver import ApiServer
+from timewheel.testing.clock import FakeClock
 from timewheel.testing.dispatch import prime, tick_all
 
 CLI = [sys.executable, "-m", "timewheel.cli"]
@@ -87,10 +87,10 @@ async def test_every_client_command(
 
     engine = await Engine.connect(api_server.settings)
     try:
-        now = int(datetime.now(UTC).timestamp() * 1000)
-        await prime(engine, now)
+        clock = FakeClock.from_wall_clock()  # the API makes tasks due on the real clock
+        await prime(engine, clock.now_ms)
         dead = run_json(capsys, "task", "create", "--delay", "0", *as_tenant)
-        await tick_all(engine, now + 1000)
+        await tick_all(engine, clock.advance(1000))
         worker = Worker(engine.store, tenant, "default")
         for delivery in await worker.read(count=10, block_ms=100):
             await worker.fail(delivery, "boom", permanent=True)

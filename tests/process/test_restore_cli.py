@@ -21,6 +21,7 @@ from timewheel.models import Task
 from timewheel.store.server import RedisServer
 from timewheel.tasks.model import NewTask
 from timewheel.testing.archive import archive_all
+from timewheel.testing.clock import FakeClock
 from timewheel.testing.dispatch import all_deliveries, running_scheduler
 from timewheel.testing.settings import test_settings
 
@@ -150,11 +151,12 @@ async def test_restore_brings_back_pending_tasks_after_flushall(
             while len(await all_deliveries(engine)) < len(unacked):
                 assert time.monotonic() < deadline
                 await asyncio.sleep(0.05)
-        later = int(time.time() * 1000) + 48 * HOUR_MS
+        clock = FakeClock.from_wall_clock()
+        clock.advance(48 * HOUR_MS)
         for shard in range(settings.shards):
-            while (await engine.dispatch.promote(shard, now_ms=later)).more:
+            while (await engine.dispatch.promote(shard, now_ms=clock.now_ms)).more:
                 pass
-            while (await engine.dispatch.tick(shard, now_ms=later, limit=5000)).dispatched:
+            while (await engine.dispatch.tick(shard, now_ms=clock.now_ms, limit=5000)).dispatched:
                 pass
         delivered = {d.run_id: d for d in await all_deliveries(engine)}
         assert set(delivered) == set(expected) | set(unacked)

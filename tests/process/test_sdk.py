@@ -31,6 +31,7 @@ from timewheel.sdk.client import AsyncClient, Client, raise_for
 from timewheel.store.keys import Keys
 from timewheel.store.server import find_free_port
 from timewheel.testing.apiserver import ApiServer
+from timewheel.testing.clock import FakeClock
 from timewheel.testing.dispatch import prime, tick_all
 
 
@@ -246,10 +247,10 @@ def test_list_tasks_filters_and_pages(acme: TenantClient) -> None:
 
 
 async def _dead_task(client: TenantClient, engine: Engine, tenant: str) -> str:
-    now = int(datetime.now(UTC).timestamp() * 1000)
-    await prime(engine, now)
+    clock = FakeClock.from_wall_clock()  # the API makes tasks due on the real clock
+    await prime(engine, clock.now_ms)
     task = client.create_task(delay=0, payload={"k": 1})
-    assert await tick_all(engine, now + 1000) >= 1
+    assert await tick_all(engine, clock.advance(1000)) >= 1
     worker = Worker(engine.store, tenant, "default")
     deliveries = await worker.read(count=10, block_ms=100)
     for delivery in deliveries:
