@@ -5,7 +5,7 @@ a. creates: for each appendfsync setting, a fresh redis-server (AOF on, 64 shard
    Engine.create (one call each, 32 concurrent callers), 100-byte payloads, due in an
    hour. Figures: creates/s of each.
 b. archiver lag: a fresh redis-server (appendfsync always) and a fresh PostgreSQL
-   (tests/postgres.py: initdb in a temp dir, fsync off, so this measures the archiver,
+   (timewheel/testing/postgres.py: initdb in a temp dir, fsync off, so this measures the archiver,
    not the disk), `timewheel archiver` as its own process with default settings
    (batch 1000, idle poll 100 ms), and a load of --rate creates/s (a batch every 10 ms)
    for --seconds. Each create writes one `created` event; lag = the row's archived_at
