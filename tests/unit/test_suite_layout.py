@@ -1,6 +1,6 @@
 """The suite's own rules, read from its sources: no test module imports another (what
-tests share lives in timewheel.testing), each folder holds what its name says it needs,
-and every test asserts something."""
+tests share lives in timewheel.testing, which timewheel itself never imports), test
+modules sit in the four folders, and every test asserts something."""
 
 from __future__ import annotations
 
@@ -163,3 +163,16 @@ def test_the_assert_check_tells_a_silent_test(tmp_path: Path) -> None:
     )
     silent = [t.name for t in _tests(module) if not _checks(module, t, set())]
     assert silent == ["test_silent"]
+
+
+def test_timewheel_itself_never_imports_its_testing_package() -> None:
+    """timewheel.testing needs pytest; the package users install must run without it."""
+    package = TESTS.parent / "timewheel"
+    found = [
+        f"{path.relative_to(TESTS.parent)}:{line}"
+        for path in sorted(package.rglob("*.py"))
+        if path.relative_to(package).parts[0] != "testing"
+        for line, module in _imported(ast.parse(path.read_text(encoding="utf-8")))
+        if module == "timewheel.testing" or module.startswith("timewheel.testing.")
+    ]
+    assert not found, f"timewheel imports timewheel.testing: {found}"
