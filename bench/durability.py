@@ -5,7 +5,7 @@ a. creates: for each appendfsync setting, a fresh redis-server (AOF on, 64 shard
    Engine.create (one call each, 32 concurrent callers), 100-byte payloads, due in an
    hour. Figures: creates/s of each.
 b. archiver lag: a fresh redis-server (appendfsync always) and a fresh PostgreSQL
-   (tests/postgres.py: initdb in a temp dir, fsync off, so this measures the archiver,
+   (timewheel/testing/postgres.py: initdb in a temp dir, fsync off, so this measures the archiver,
    not the disk), `timewheel archiver` as its own process with default settings
    (batch 1000, idle poll 100 ms), and a load of --rate creates/s (a batch every 10 ms)
    for --seconds. Each create writes one `created` event; lag = the row's archived_at
@@ -43,7 +43,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # for tests.pos
 
 from common import percentile
 
-from tests.postgres import PostgresServer
 from timewheel.archive import pg
 from timewheel.archive.archiver import Archiver
 from timewheel.archive.restore import restore
@@ -52,6 +51,7 @@ from timewheel.config import Settings
 from timewheel.engine import Engine
 from timewheel.store.server import RedisServer
 from timewheel.tasks.model import NewTask
+from timewheel.testing.postgres import PostgresServer
 
 RESULTS = Path(__file__).resolve().parent / "results" / "durability.json"
 SHARDS = 64

@@ -1,0 +1,29 @@
+"""Event-log entries become archive rows: kinds it does not know are kept, a created
+entry becomes a row per run, old and new shape."""
+
+from __future__ import annotations
+
+from timewheel.archive.events import EVENT_COLUMNS, event_rows
+
+
+def test_archiver_stores_entries_it_does_not_know_instead_of_stopping() -> None:
+    rows = event_rows(2, b"1700000000000-4", {b"e": b"fired", b"schedule": b"s1"})
+    assert [r[:6] for r in rows] == [[2, 1700000000000, 4, "", "fired", 1700000000000]]
+    assert event_rows(2, b"5-0", {b"e": b"dispatched", b"runs": b""}) == []
+    [row] = event_rows(2, b"5-1", {b"e": b"dispatched", b"at": b"7", b"runs": b"s1@60000:3"})
+    assert (row[3], row[8]) == ("s1@60000", 3)
+
+
+def test_a_created_entry_becomes_a_row_per_run_old_and_new_shape() -> None:
+    batch = {b"e": b"created", b"at": b"9", b"runs": b"00a1:acme:mail:500,00a2:beta:q:600"}
+    rows = event_rows(10, b"9-0", batch)
+    columns = ("run_id", "kind", "at_ms", "tenant", "queue", "due_ms")
+    picked = [tuple(dict(zip(EVENT_COLUMNS, r, strict=True))[c] for c in columns) for r in rows]
+    assert picked == [
+        ("00a1", "created", 9, "acme", "mail", 500),
+        ("00a2", "created", 9, "beta", "q", 600),
+    ]
+    # Entries written before one-entry-per-call name a single run in fields of its own.
+    single = {b"e": b"created", b"id": b"00a3", b"tenant": b"acme", b"queue": b"q"}
+    [row] = event_rows(10, b"9-1", {**single, b"due_ms": b"700", b"at": b"9"})
+    assert (row[3], row[6], row[7], row[9]) == ("00a3", "acme", "q", 700)
