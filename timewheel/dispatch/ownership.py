@@ -45,7 +45,9 @@ class Ownership:
             {} if self.leases else {s: ShardState() for s in range(self.shards)}
         )
         self.busy: set[int] = set()
-        """Shards with a call in flight: a release waits for it."""
+        """Shards with a call of the pass in flight: a release waits for it."""
+        self.planning: set[int] = set()
+        """Shards the planning task is extending: a release waits for it too."""
         self.acquired = asyncio.Event()
         """Set when a round took a shard, so the loop ticks it at once."""
 
@@ -92,13 +94,15 @@ class Ownership:
         if st is None:
             return
         self.drop(shard, reason)
-        while shard in self.busy:
+        while shard in self.busy or shard in self.planning:
             await asyncio.sleep(0.001)
         with contextlib.suppress(TimewheelError):
             await self.leases.release(shard, int(st.epoch))
 
     async def keep(self, stop: asyncio.Event) -> None:
-        """A lease round every ttl/4 until `stop` is set."""
+        """A lease round every ttl/4 until `stop` is set. Nothing a tenant can make
+        expensive runs on the event loop for long (fire times are computed in a thread,
+        planning runs beside the tick pass), so a round is never held up behind it."""
         assert self.leases is not None
         interval_s = self.leases.ttl_ms / 4000.0
         while not stop.is_set():

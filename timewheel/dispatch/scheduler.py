@@ -77,6 +77,7 @@ class Scheduler:
         self.woken = self.ownership.acquired
         self._busy = self.ownership.busy
         self._plan_next = 0  # the shard the next planning pass starts at
+        self._planning: asyncio.Task[None] | None = None
 
     # -- one pass ---------------------------------------------------------------------
 
@@ -84,7 +85,8 @@ class Scheduler:
         return _local_ms() + self.offset_ms
 
     async def run_once(self) -> int:
-        """Promote, tick and expire every owned shard that is due now; returns runs dispatched."""
+        """Promote, tick and expire every owned shard that is due now; returns runs
+        dispatched. Planning that is due starts beside the pass (`_plan_beside`)."""
         now = self._shard_now()
         owned = list(self.state.items())
         promote = [s for s, st in owned if st.next_promote_ms <= now]
@@ -92,10 +94,10 @@ class Scheduler:
         expire = [s for s, st in owned if st.next_expire_ms <= now]
         reap = [s for s, st in owned if st.next_reap_ms <= now]
         plan = [s for s, st in owned if st.next_plan_ms <= now]
-        self._busy.update(promote, tick, expire, reap, plan)
+        if plan and self._planning is None:
+            self._planning = asyncio.create_task(self._plan_beside(plan, now))
+        self._busy.update(promote, tick, expire, reap)
         try:
-            if plan:
-                await self._plan_some(plan, now)
             if promote:
                 for res in await asyncio.gather(*(self._promote(s) for s in promote)):
                     if isinstance(res, PromoteResult):
@@ -112,6 +114,18 @@ class Scheduler:
         finally:
             self._busy.clear()
         return dispatched
+
+    async def _plan_beside(self, shards: list[int], now: float) -> None:
+        """One planning pass as a task of its own: fire times cost what a tenant's crons
+        make them cost, so ticks (and lease renewals) never wait for them. A shard being
+        planned is busy: a release waits for it."""
+        self.ownership.planning.update(shards)
+        try:
+            await self._plan_some(shards, now)
+        finally:
+            self.ownership.planning.clear()
+            self._planning = None
+            self.woken.set()  # runs a catch-up made may be due at once
 
     async def _tick_all(self, shards: list[int]) -> list[TickResult]:
         """Tick the shards in as few pipelines as `tick_pipeline_runs` allows, one after
@@ -368,6 +382,9 @@ class Scheduler:
                 sleeper.cancel()
                 stopper.cancel()
         finally:
+            if self._planning is not None:  # a planning pass is bounded: let it finish
+                with contextlib.suppress(TimewheelError):
+                    await self._planning
             for helper in helpers:
                 helper.cancel()
             for helper in helpers:

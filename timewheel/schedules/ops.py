@@ -12,6 +12,7 @@ every move happens in Lua.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import time
@@ -91,11 +92,12 @@ class ScheduleOps:
         k = self.store.keys
         return shard, [k.meta(shard), k.schedule(shard, sid), k.events(shard)]
 
-    def _first_plan(self, spec: ScheduleSpec, now_ms: int) -> tuple[int, list[int], int]:
+    async def _first_plan(self, spec: ScheduleSpec, now_ms: int) -> tuple[int, list[int], int]:
+        """The first fire times after now, computed off the event loop (a tenant's cron
+        decides the CPU they cost)."""
         cursor = now_ms  # fire times strictly after now
-        fires, after = plan_fires(
-            spec, cursor, now_ms + self.store.settings.plan_horizon_ms, MAX_FIRES_PER_CALL
-        )
+        until = now_ms + self.store.settings.plan_horizon_ms
+        fires, after = await asyncio.to_thread(plan_fires, spec, cursor, until, MAX_FIRES_PER_CALL)
         return cursor, fires, after
 
     async def create(self, new: NewSchedule, *, now_ms: int | None = None) -> tuple[Schedule, bool]:
@@ -114,7 +116,7 @@ class ScheduleOps:
         spec = new.spec
         if spec.every_s is not None and spec.anchor_ms is None and spec.start_at_ms is None:
             spec = dataclasses.replace(spec, anchor_ms=now)
-        cursor, fires, after = self._first_plan(spec, now)
+        cursor, fires, after = await self._first_plan(spec, now)
         options = jittered(sid, new.options)
         call = Call(
             self.store.scripts.schedule_create,
@@ -243,7 +245,7 @@ class ScheduleOps:
         if changes.max_runs is not None:
             put("max_runs", changes.max_runs)
         now = _now_ms() if now_ms is None else now_ms
-        cursor, fires, after = self._first_plan(spec, now)
+        cursor, fires, after = await self._first_plan(spec, now)
         shard, keys = self._schedule_keys(sid)
         call = Call(
             self.store.scripts.schedule_update,
@@ -315,7 +317,7 @@ class ScheduleOps:
             raise ValidationError("to is before from", field="to")
         # Every fire time of the range: start_at and end_at bound the planner, not this.
         unbounded = dataclasses.replace(current.spec, start_at_ms=None, end_at_ms=None)
-        fires = fire_times(unbounded, from_ms - 1, to_ms, MAX_BACKFILL + 1)
+        fires = await asyncio.to_thread(fire_times, unbounded, from_ms - 1, to_ms, MAX_BACKFILL + 1)
         if len(fires) > MAX_BACKFILL:
             raise ValidationError(
                 f"the range holds more than {MAX_BACKFILL} fire times; backfill it in parts",

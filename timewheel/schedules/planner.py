@@ -3,6 +3,7 @@ as the plan horizon moves (lua/schedule_materialize.lua)."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,14 +87,23 @@ class Planner:
                 rows = await pipe.execute()
         except (RedisError, OSError) as exc:
             raise RedisUnavailable(f"planner read failed: {exc}") from exc
+        active = [
+            (sid, text(spec_raw), cursor_raw, version)
+            for sid, (spec_raw, cursor_raw, version, state) in zip(sids, rows, strict=True)
+            if spec_raw is not None and text(state) == "active"
+        ]
+
+        def compute() -> list[tuple[list[int], int]]:
+            return [
+                plan_fires(spec_from_json(spec), int(cursor), now + horizon, MAX_FIRES_PER_CALL)
+                for _, spec, cursor, _ in active
+            ]
+
+        # Fire times are CPU work a tenant's crons decide: off the event loop, so lease
+        # renewals and ticks go on while they are computed.
+        planned = await asyncio.to_thread(compute) if active else []
         calls: list[Call[tuple[int, int]]] = []
-        for sid, (spec_raw, cursor_raw, version, state) in zip(sids, rows, strict=True):
-            if spec_raw is None or text(state) != "active":
-                continue
-            cursor = int(cursor_raw)
-            fires, after = plan_fires(
-                spec_from_json(text(spec_raw)), cursor, now + horizon, MAX_FIRES_PER_CALL
-            )
+        for (sid, _, cursor_raw, version), (fires, after) in zip(active, planned, strict=True):
             call = Call(
                 self.store.scripts.schedule_materialize,
                 [k.meta(shard), k.schedule(shard, sid), k.events(shard)],
