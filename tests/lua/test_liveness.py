@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import test_settings
 from timewheel.dispatch.scheduler import Scheduler
 from timewheel.engine import Engine
 from timewheel.schedules import planner
 from timewheel.schedules.model import NewSchedule
 from timewheel.schedules.spec import ScheduleSpec
 from timewheel.tasks.model import NewTask
+from timewheel.testing.settings import test_settings
 
 STALL_S = 3.0
 
