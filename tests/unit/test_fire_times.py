@@ -431,3 +431,64 @@ def test_the_next_fire_takes_a_few_steps_wherever_it_is_asked(
         steps = 0
         fires, following = plan_fires(spec, ms(when), ms(when) + 30_000, 1000)
         assert len(fires) == 30 and following == fires[-1] + 1000 and steps <= 33, when
+
+
+# ---- validation -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "zone",
+    [
+        "America",
+        "Etc",
+        "",
+        "..",
+        "../UTC",
+        "America/../UTC",
+        "/UTC",
+        "/etc/localtime",
+        "UTC/",
+        "America/New_York/",
+        "zone.tab",
+        "tzdata.zi",
+        "posix/UTC",
+        "right/UTC",
+        "Mars/Olympus",
+        "America/New_York\x00",
+        "x" * 300,
+    ],
+    ids=repr,
+)
+def test_a_time_zone_must_be_a_real_iana_zone(zone: str) -> None:
+    with pytest.raises(InvalidSchedule) as info:
+        ScheduleSpec(cron="0 * * * *", timezone=zone)
+    assert info.value.field == "timezone"
+
+
+@pytest.mark.parametrize(
+    "zone", ["UTC", "Etc/UTC", "Etc/GMT+5", "America/New_York", "US/Eastern", *ZONES]
+)
+def test_iana_zones_are_accepted(zone: str) -> None:
+    ScheduleSpec(cron="0 * * * *", timezone=zone)
+
+
+@pytest.mark.parametrize(
+    "cron", ["0 0 30 2 *", "0 0 31 4 *", "0 0 31 2,4,6,9,11 *", "0 0 0 30 2 *", "* * 31 11 *"]
+)
+def test_a_cron_that_never_fires_is_refused(cron: str) -> None:
+    with pytest.raises(InvalidSchedule) as info:
+        ScheduleSpec(cron=cron)
+    assert info.value.field == "cron"
+
+
+@pytest.mark.parametrize(
+    ("cron", "first"),
+    [
+        ("0 0 29 2 *", "2028-02-29 00:00:00"),
+        ("0 0 L 2 *", "2027-02-28 00:00:00"),
+        ("0 0 30 2 1", "2027-02-01 00:00:00"),  # day of month OR day of week: Mondays
+        ("0 0 29 2 1#5", "2044-02-29 00:00:00"),  # a Feb 29 that is the fifth Monday
+    ],
+)
+def test_rare_crons_are_accepted(cron: str, first: str) -> None:
+    assert next_utc(cron, "UTC", "2026-12-01 00:00") == first

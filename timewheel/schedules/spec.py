@@ -30,13 +30,14 @@ from __future__ import annotations
 
 import copy
 import math
+import zoneinfo
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import CroniterBadDateError, croniter
+from croniter import CroniterBadDateError, CroniterError, croniter
 
 from timewheel.errors import InvalidSchedule
 
@@ -45,6 +46,9 @@ MAX_FIRES = 10_000
 
 _SECOND = timedelta(seconds=1)
 _PARSED_AT = datetime(2000, 1, 1)
+"""Also where the check that a cron fires at all looks from: every cron that fires does
+so within croniter's 50-year search from any instant (a Feb 29 on a given weekday
+recurs within 40 years)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,31 +74,55 @@ class ScheduleSpec:
         if (self.cron is None) == (self.every_s is None):
             raise InvalidSchedule("give exactly one of cron and every_s", field="cron")
         if self.cron is not None:
-            fields = self.cron.split()
-            if len(fields) not in (5, 6) or not croniter.is_valid(
-                self.cron, second_at_beginning=len(fields) == 6
-            ):
-                raise InvalidSchedule(
-                    f"cron {self.cron!r} is not a valid 5- or 6-field expression", field="cron"
-                )
+            problem = _cron_problem(self.cron)
+            if problem is not None:
+                raise InvalidSchedule(f"cron {self.cron!r} {problem}", field="cron")
         if self.every_s is not None and (
             not math.isfinite(self.every_s) or not 1 <= self.every_s <= 366 * 86400
         ):
             raise InvalidSchedule(
                 "every_s must be 1 .. 31,622,400 (1 s .. 366 days)", field="every_s"
             )
-        try:
-            _zone(self.timezone)
-        except (ZoneInfoNotFoundError, ValueError):
-            raise InvalidSchedule(
-                f"unknown time zone {self.timezone!r}", field="timezone"
-            ) from None
+        if not _known_zone(self.timezone):
+            raise InvalidSchedule(f"unknown time zone {self.timezone!r}", field="timezone")
         if (
             self.start_at_ms is not None
             and self.end_at_ms is not None
             and self.end_at_ms < self.start_at_ms
         ):
             raise InvalidSchedule("end_at is before start_at", field="end_at")
+
+
+@lru_cache(maxsize=4096)
+def _cron_problem(cron: str) -> str | None:
+    """What is wrong with a cron expression (None: nothing). Cached: every spec read from
+    Redis is checked again."""
+    fields = len(cron.split())
+    six = fields == 6
+    if fields not in (5, 6) or not croniter.is_valid(cron, second_at_beginning=six):
+        return "is not a valid 5- or 6-field expression"
+    try:
+        _walk(cron, _PARSED_AT).get_next(datetime)
+    except CroniterError:  # no date matches (Feb 30, Apr 31)
+        return "never fires (no date matches it)"
+    return None
+
+
+@lru_cache(maxsize=1)
+def _zone_names() -> frozenset[str]:
+    return frozenset(zoneinfo.available_timezones())
+
+
+def _known_zone(name: object) -> bool:
+    """An IANA zone zoneinfo can load: not a directory of the database ("America"), a
+    path ("../x", "/etc/localtime"), a special file (posix/, right/) or another file."""
+    if not isinstance(name, str) or name not in _zone_names():
+        return False
+    try:
+        _zone(name)
+    except (ZoneInfoNotFoundError, ValueError, OSError):
+        return False
+    return True
 
 
 @lru_cache(maxsize=1024)
