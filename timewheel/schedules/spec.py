@@ -46,9 +46,9 @@ MAX_FIRES = 10_000
 
 _SECOND = timedelta(seconds=1)
 _PARSED_AT = datetime(2000, 1, 1)
-"""Also where the check that a cron fires at all looks from: every cron that fires does
-so within croniter's 50-year search from any instant (a Feb 29 on a given weekday
-recurs within 40 years)."""
+"""Where a parsed cron starts, and where the check that it fires at all looks from:
+every cron that fires does so within croniter's 50-year search from any instant (a
+Feb 29 on a given weekday recurs within 40 years)."""
 
 
 @dataclass(frozen=True, slots=True)
