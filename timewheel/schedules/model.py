@@ -126,8 +126,9 @@ def spec_json(spec: ScheduleSpec) -> str:
 
 
 def spec_from_json(text: str) -> ScheduleSpec:
+    """A stored spec (spec_json's text), not checked again (ScheduleSpec.stored)."""
     d = json.loads(text)
-    return ScheduleSpec(
+    return ScheduleSpec.stored(
         cron=d["cron"],
         timezone=d["timezone"],
         every_s=d["every_s"],
