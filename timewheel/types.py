@@ -72,6 +72,11 @@ def optional_rfc3339(ms: int | None) -> str | None:
     return None if ms is None else ms_to_rfc3339(ms)
 
 
+SCAN_CURSOR_MAX = 2**64 - 1
+"""The largest cursor SCAN, SSCAN and HSCAN take: a larger one is a Redis error, and a
+listing cursor holding one was not given out by the API."""
+
+
 def text(value: object) -> str:
     """A Redis reply value (bytes, or anything else) as text."""
     return value.decode() if isinstance(value, bytes) else str(value)

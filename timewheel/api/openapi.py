@@ -10,7 +10,8 @@ from timewheel.api import common as schemas
 from timewheel.api.endpoints import PUBLIC, Endpoint
 
 REASONS = {
-    400: "the body is not a JSON object (malformed_json)",
+    400: "the body is not a JSON object (malformed_json); or the HTTP server could not read "
+    "the request (a malformed header such as Content-Length: plain text, not JSON)",
     401: "no API key, or an unknown or revoked one (unauthorized)",
     403: "the key's role may not use this endpoint (forbidden)",
     404: "unknown id, or another tenant's (not_found)",
@@ -23,13 +24,13 @@ REASONS = {
 
 
 def _errors(e: Endpoint) -> list[int]:
-    codes = set(e.errors)
+    codes = set(e.errors) | {400}  # the HTTP server answers malformed protocol input itself
     if e.role != PUBLIC:
         codes |= {401, 403, 503}
     if "{" in e.path:
         codes.add(404)
     if e.body is not None:
-        codes |= {400, 413, 422}
+        codes |= {413, 422}
     if e.query is not None:
         codes.add(422)
     return sorted(codes)
@@ -74,6 +75,8 @@ def _operation(e: Endpoint) -> dict[str, Any]:
             "description": REASONS[status],
             "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
         }
+        if status == 400:  # the HTTP server's own answer to a request it cannot read
+            response["content"]["text/plain"] = {"schema": {"type": "string"}}
         if status == 429:
             response["headers"] = {"Retry-After": {"schema": {"type": "integer"}}}
         responses[str(status)] = response

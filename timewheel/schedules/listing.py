@@ -23,7 +23,7 @@ from timewheel.errors import RedisUnavailable, TaskNotFound, ValidationError
 from timewheel.schedules.model import Schedule
 from timewheel.schedules.ops import ScheduleOps
 from timewheel.store.shard import Store
-from timewheel.types import text
+from timewheel.types import SCAN_CURSOR_MAX, text
 
 MAX_SCANNED_PER_PAGE = 10_000
 SSCAN_COUNT = 500
@@ -34,6 +34,8 @@ def _parse_cursor(cursor: str | None) -> tuple[int, int, str]:
         return 0, 0, ""
     try:
         shard_index, scan, after = cursor.split(".", 2)
+        if int(scan) > SCAN_CURSOR_MAX:
+            raise ValueError(scan)
         return int(shard_index), int(scan), after
     except ValueError:
         raise ValidationError("cursor is not one this API gave out", field="cursor") from None

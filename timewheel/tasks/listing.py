@@ -27,7 +27,7 @@ from timewheel.store import record
 from timewheel.store.shard import Store
 from timewheel.tasks.model import Task
 from timewheel.tasks.ops import TaskOps
-from timewheel.types import TaskState
+from timewheel.types import SCAN_CURSOR_MAX, TaskState
 
 HASHES_PER_SHARD = len(ALPHABET) ** 2
 MAX_HASHES_PER_PAGE = HASHES_PER_SHARD
@@ -53,7 +53,7 @@ def _parse_cursor(cursor: str | None) -> Position:
     if not cursor:
         return Position(0, 0, 0, "")
     shard_index, bucket, hscan, after = cursor.split(".", 3)
-    if int(bucket) >= HASHES_PER_SHARD:
+    if int(bucket) >= HASHES_PER_SHARD or int(hscan) > SCAN_CURSOR_MAX:
         raise ValidationError("cursor is not one this API gave out", field="cursor")
     return Position(int(shard_index), int(bucket), int(hscan), after)
 
