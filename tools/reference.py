@@ -3,7 +3,7 @@
 
     python tools/reference.py           write docs/reference/{http,cli,configuration}.md
     python tools/reference.py --check   exit 1, naming each file, if one is not what it
-                                        would write (tests/test_reference_docs.py runs it)
+                                        would write (tests/unit/test_reference_docs.py runs it)
 
 The pages come from the OpenAPI document the API serves, the argparse parser of the
 `timewheel` command and the Settings dataclass, so they cannot drift from the code.
@@ -64,7 +64,7 @@ def table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]:
 
 
 def slug(heading: str) -> str:
-    """The anchor GitHub gives a heading (tests/test_reference_docs.py uses the same rule)."""
+    """The anchor GitHub gives a heading (tests/unit/test_reference_docs.py uses the same rule)."""
     text = heading.strip().lower()
     kept = "".join(c for c in text if c.isalnum() or c in " -_")
     return kept.replace(" ", "-")
