@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import AsyncIterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, ClassVar
 
@@ -22,17 +21,7 @@ from timewheel.store.server import find_free_port
 from timewheel.tasks.model import NewTask
 from timewheel.testing.clock import NOW
 from timewheel.testing.dispatch import prime, running_scheduler, tick_all, work_until
-from timewheel.testing.settings import executor_settings, test_settings
-
-
-@pytest.fixture
-async def fast(standalone_url: str) -> AsyncIterator[Engine]:
-    """An engine with short retry, lease and reap times, so tests take seconds."""
-    engine = await Engine.connect(executor_settings(standalone_url))
-    try:
-        yield engine
-    finally:
-        await engine.close()
+from timewheel.testing.settings import test_settings
 
 
 async def test_fails_twice_then_succeeds_with_backoff_between_attempts(fast: Engine) -> None:

@@ -8,10 +8,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
-
-import pytest
 
 from timewheel.archive.history import run_history
 from timewheel.engine import Engine
@@ -20,17 +17,6 @@ from timewheel.runs.worker import Worker
 from timewheel.tasks.model import NewTask
 from timewheel.testing.dispatch import running_scheduler, work_until
 from timewheel.testing.nodes import settings_env
-from timewheel.testing.settings import executor_settings
-
-
-@pytest.fixture
-async def fast(standalone_url: str) -> AsyncIterator[Engine]:
-    """An engine with short retry, lease and reap times, so tests take seconds."""
-    engine = await Engine.connect(executor_settings(standalone_url))
-    try:
-        yield engine
-    finally:
-        await engine.close()
 
 
 async def test_a_killed_worker_s_run_is_retried_after_its_lease(

@@ -23,7 +23,7 @@ from timewheel.engine import Engine
 from timewheel.store.server import RedisServer
 from timewheel.testing.postgres import PostgresServer
 from timewheel.testing.redis_cluster import RedisClusterServers
-from timewheel.testing.settings import test_settings
+from timewheel.testing.settings import executor_settings, test_settings
 
 
 @pytest.fixture(scope="session")
@@ -104,6 +104,16 @@ async def standalone_engine(standalone_url: str) -> AsyncIterator[Engine]:
         yield eng
     finally:
         await eng.close()
+
+
+@pytest.fixture
+async def fast(standalone_url: str) -> AsyncIterator[Engine]:
+    """An engine with short retry, lease and reap times, so tests take seconds."""
+    engine = await Engine.connect(executor_settings(standalone_url))
+    try:
+        yield engine
+    finally:
+        await engine.close()
 
 
 @pytest.fixture
