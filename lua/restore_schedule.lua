@@ -2,7 +2,7 @@
   (timewheel restore), from its hash as the archive holds it.
   KEYS[1] schedule  HASH   tag..'s:'..sid (the tag is KEYS[1] up to '}:')
   ARGV[1] sid   ARGV[2] the schedule hash as a flat JSON list [field, value, ...]
-  Derived keys (same tag): schedules, plan.
+  Derived keys (same tag): schedules, plan_tenants, plan:<tenant>.
   Returns: {1}   written
            {0}   a schedule with this id is there already (left as it is: only a forced
                  restore into a non-empty Redis meets one)
@@ -18,6 +18,7 @@ local sid, hash_json = ARGV[1], ARGV[2]
 local tag = string.match(skey, '^(.-}:)')
 
 --!include lib/hash.lua
+--!include lib/schedule.lua
 
 if rcall('EXISTS', skey) == 1 then
   return { 0 }
@@ -34,6 +35,6 @@ if s.state ~= 'paused' then
   -- An ended schedule plans again from its cursor too: the planner ends it once more if
   -- nothing is left (end_at or max_runs).
   rcall('HSET', skey, 'state', 'active')
-  rcall('ZADD', tag .. 'plan', cursor, sid)
+  schedule_index(tag, s.tenant, sid, cursor)
 end
 return { 1 }

@@ -10,7 +10,7 @@
   materialize now, ascending, comma-separated   ARGV[15] the next fire time after them
   (-1 = none)   ARGV[16] bucket_ms   ARGV[17] misfire_ms   ARGV[18] now_ms override
   ARGV[19] event log cap   ARGV[20] wake channel ('' = none)   ARGV[21] shard number
-  Derived keys (same tag): schedules, sr:<sid>, plan, t:<xy>, near:<tenant>, due,
+  Derived keys (same tag): schedules, sr:<sid>, plan_tenants, plan:<tenant>, t:<xy>, near:<tenant>, due,
   w:<bucket>, wheel.
   Returns: {1, added, wake}   created; wake = 1 if the shard's next action moved earlier
            {0}                an idempotent duplicate of this tenant's: nothing changed

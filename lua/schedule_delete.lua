@@ -5,7 +5,7 @@
   KEYS[3] events    STREAM tag..'events'
   ARGV[1] sid   ARGV[2] tenant   ARGV[3] bucket_ms   ARGV[4] now_ms override ('' = TIME)
   ARGV[5] event log cap
-  Derived keys (same tag): schedules, sr:<sid>, plan, t:<xy>, near:<tenant>, w:<bucket>, wheel,
+  Derived keys (same tag): schedules, sr:<sid>, plan_tenants, plan:<tenant>, t:<xy>, near:<tenant>, w:<bucket>, wheel,
   x:<bucket>, expiry.
   Returns: {1, dropped}   deleted; dropped = materialized runs removed with it
   Errors:  {-1} NOT_FOUND     no such schedule for this tenant ]]
@@ -38,7 +38,7 @@ if s.held then
   end
 end
 rcall('DEL', skey)
-rcall('ZREM', tag .. 'plan', sid)
+schedule_unindex(tag, tenant, sid)
 rcall('SREM', tag .. 'schedules', sid)
 event_emit(events_key, event_cap, 'e', 'schedule_deleted', 'id', sid, 'tenant', tenant, 'at', now)
 return { 1, dropped }

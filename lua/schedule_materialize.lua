@@ -8,7 +8,8 @@
   ARGV[7] the next fire time after them (-1 = none: the schedule ends)
   ARGV[8] bucket_ms   ARGV[9] misfire_ms   ARGV[10] now_ms override ('' = TIME)
   ARGV[11] event log cap   ARGV[12] wake channel ('' = none)   ARGV[13] shard number
-  Derived keys (same tag): sr:<sid>, plan, lease, t:<xy>, near:<tenant>, due, w:<bucket>,
+  ARGV[14] tenant whose plan index held the schedule
+  Derived keys (same tag): sr:<sid>, plan_tenants, plan:<tenant>, lease, t:<xy>, near:<tenant>, due, w:<bucket>,
   wheel.
   Returns: {added, skipped, stale}   stale = 1: the schedule changed since the planner
            read it (updated, paused, deleted), so nothing was done
@@ -20,7 +21,7 @@ local meta_key, skey, events_key = KEYS[1], KEYS[2], KEYS[3]
 local sid, node, epoch = ARGV[1], ARGV[2], ARGV[3]
 local read_version, read_cursor, fires_text, after = ARGV[4], ARGV[5], ARGV[6], tonumber(ARGV[7])
 local bucket_ms, misfire_ms, now_override = tonumber(ARGV[8]), tonumber(ARGV[9]), ARGV[10]
-local event_cap, wake_channel, shard = ARGV[11], ARGV[12], ARGV[13]
+local event_cap, wake_channel, shard, tenant = ARGV[11], ARGV[12], ARGV[13], ARGV[14]
 local tag = string.sub(meta_key, 1, -5)
 
 --!include lib/clock.lua
@@ -34,7 +35,7 @@ end
 local s = schedule_load(skey)
 if s == nil or s.state ~= 'active' or s.version ~= read_version or s.cursor ~= read_cursor then
   if s == nil then
-    rcall('ZREM', tag .. 'plan', sid)
+    schedule_unindex(tag, tenant, sid)
   end
   return { 0, 0, 1 }
 end

@@ -5,7 +5,7 @@
   KEYS[3] events    STREAM tag..'events'
   ARGV[1] sid   ARGV[2] tenant   ARGV[3] bucket_ms   ARGV[4] now_ms override ('' = TIME)
   ARGV[5] event log cap
-  Derived keys (same tag): sr:<sid>, plan, t:<xy>, near:<tenant>, w:<bucket>, wheel.
+  Derived keys (same tag): sr:<sid>, plan_tenants, plan:<tenant>, t:<xy>, near:<tenant>, w:<bucket>, wheel.
   Returns: {1}   paused (or already paused)
   Errors:  {-1} NOT_FOUND     no such schedule for this tenant
            {-2, state}        INVALID_STATE: the schedule has ended and all its runs
@@ -40,6 +40,6 @@ end
 rcall('HINCRBY', skey, 'version', 1)
 rcall('HSET', skey, 'state', 'paused', 'paused_ms', now, 'updated_ms', now, 'planned',
   math.max(0, (tonumber(s.planned) or 0) - dropped))
-rcall('ZREM', tag .. 'plan', sid)
+schedule_unindex(tag, tenant, sid)
 event_emit(events_key, event_cap, 'e', 'schedule_paused', 'id', sid, 'tenant', tenant, 'at', now)
 return { 1 }

@@ -3,7 +3,7 @@
   KEYS[1] schedule  HASH   tag..'s:'..sid (the tag is KEYS[1] up to '}:')
   KEYS[2] events    STREAM tag..'events'
   ARGV[1] sid   ARGV[2] tenant   ARGV[3] now_ms override ('' = TIME)   ARGV[4] event log cap
-  Derived keys (same tag): plan.
+  Derived keys (same tag): plan_tenants, plan:<tenant>.
   Returns: {1}   active again (or already active)
   Errors:  {-1} NOT_FOUND     no such schedule for this tenant
            {-2, state}        INVALID_STATE: the schedule has ended ]]
@@ -14,6 +14,7 @@ local tag = string.match(skey, '^(.-}:)')
 
 --!include lib/clock.lua
 --!include lib/events.lua
+--!include lib/schedule.lua
 
 local s = rcall('HMGET', skey, 'tenant', 'state', 'next_ms')
 if s[1] ~= tenant then
@@ -33,7 +34,7 @@ if next_ms < 0 then
   rcall('HSET', skey, 'state', 'ended', 'updated_ms', now)
 else
   rcall('HSET', skey, 'state', 'active', 'updated_ms', now)
-  rcall('ZADD', tag .. 'plan', next_ms, sid)
+  schedule_index(tag, tenant, sid, next_ms)
 end
 event_emit(events_key, event_cap, 'e', 'schedule_resumed', 'id', sid, 'tenant', tenant, 'at', now)
 return { 1 }

@@ -10,7 +10,7 @@
   ARGV[7] bucket_ms   ARGV[8] misfire_ms   ARGV[9] now_ms override   ARGV[10] event log cap
   ARGV[11] wake channel ('' = none)   ARGV[12] shard number   ARGV[13] the version the
   caller read (the fire times above were computed from that schedule)
-  Derived keys (same tag): sr:<sid>, plan, t:<xy>, near:<tenant>, due, w:<bucket>, wheel.
+  Derived keys (same tag): sr:<sid>, plan_tenants, plan:<tenant>, t:<xy>, near:<tenant>, due, w:<bucket>, wheel.
   Returns: {1, added, wake}   updated; runs already dispatched are not touched
            {0}                the schedule changed since the caller read it: nothing done
   Errors:  {-1} NOT_FOUND     no such schedule for this tenant ]]

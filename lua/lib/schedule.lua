@@ -18,6 +18,9 @@
 --   schedule_run_finished(tag, sid, run_id, now, bucket_ms) -> wake   a run's end
 --       releases the run overlap held back.
 --   schedule_admit(ctx, bkey, run_id, r)   the tick's misfire and overlap checks.
+--   schedule_index(tag, tenant, sid, next_ms)   put an active schedule in the plan index;
+--       schedule_unindex(tag, tenant, sid)   take it out;
+--       schedule_index_head(tag, tenant)   refresh the tenant's place in plan_tenants.
 --
 --   tag..'s:'..sid   HASH  the schedule: tenant queue payload opts spec catchup window_ms
 --                          overlap max_runs state (active|paused|ended) cursor (last fire
@@ -27,7 +30,12 @@
 --   tag..'sr:'..sid  ZSET  run_id -> fire ms: its materialized runs; a dispatched one
 --                          stays until the planner trims fire times past misfire_ms + 1 h
 --                          (cheaper than a ZREM per dispatch; readers check the state)
---   tag..'plan'      ZSET  sid -> next_ms: active schedules the planner must extend
+--   tag..'plan_tenants'   ZSET  tenant -> the earliest next_ms of its plan index: the
+--                          tenants with active schedules, for the planner to visit in turn
+--   tag..'plan:'..tenant  ZSET  sid -> next_ms: the tenant's active schedules the planner
+--                          must extend (schedule_index / schedule_unindex keep both)
+--   tag..'plan'      ZSET  sid -> next_ms: the plan index of earlier library versions,
+--                          moved into the two above by lua/schedule_due.lua
 --   tag..'schedules' SET   every schedule id of the shard
 --
 -- A materialized run is an ordinary run (record, wheel entry) with id '<sid>@<fire ms>',
@@ -51,6 +59,29 @@ end
 local function schedule_ctx(tag, now, bucket_ms, misfire_ms, events_key, event_cap)
   return { tag = tag, now = now, bucket_ms = bucket_ms, misfire_ms = misfire_ms,
     events_key = events_key, event_cap = event_cap, wake = 0 }
+end
+
+-- The plan index: per tenant, its active schedules by next fire time to plan; per shard,
+-- each such tenant by its earliest one, so the planner can give every tenant a share of
+-- a pass (lua/schedule_due.lua) however many schedules another tenant has.
+local function schedule_index_head(tag, tenant)
+  local first = redis.call('ZRANGE', tag .. 'plan:' .. tenant, 0, 0, 'WITHSCORES')
+  if first[1] then
+    redis.call('ZADD', tag .. 'plan_tenants', first[2], tenant)
+  else
+    redis.call('ZREM', tag .. 'plan_tenants', tenant)
+  end
+end
+
+local function schedule_index(tag, tenant, sid, next_ms)
+  redis.call('ZADD', tag .. 'plan:' .. tenant, next_ms, sid)
+  schedule_index_head(tag, tenant)
+end
+
+local function schedule_unindex(tag, tenant, sid)
+  redis.call('ZREM', tag .. 'plan:' .. tenant, sid)
+  redis.call('ZREM', tag .. 'plan', sid)  -- an entry of an earlier library version
+  schedule_index_head(tag, tenant)
 end
 
 -- Whether a run due at `fire` (its fire time plus any jitter offset) still runs at
@@ -288,9 +319,9 @@ local function schedule_extend(ctx, sid, skey, s, fires, after)
   local state = 'active'
   if after < 0 or (max_runs > 0 and planned >= max_runs) then
     state = 'ended'
-    redis.call('ZREM', ctx.tag .. 'plan', sid)
+    schedule_unindex(ctx.tag, s.tenant, sid)
   else
-    redis.call('ZADD', ctx.tag .. 'plan', after, sid)
+    schedule_index(ctx.tag, s.tenant, sid, after)
   end
   redis.call('HSET', skey, 'planned', planned, 'cursor', cursor, 'next_ms', after, 'state', state)
   return added, skipped

@@ -1,5 +1,10 @@
 """The planner: the scheduler node holding a shard extends its active schedules' runs
-as the plan horizon moves (lua/schedule_materialize.lua)."""
+as the plan horizon moves (lua/schedule_materialize.lua).
+
+Which schedules a pass extends is lua/schedule_due.lua's choice: the plan index is kept
+per tenant, and a pass gives each tenant with schedules due an equal share of its batch,
+so one tenant's thousands of schedules (or a tenant far behind) take one share and every
+other tenant's schedules are still extended in the same pass."""
 
 from __future__ import annotations
 
@@ -7,9 +12,6 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
-from redis.exceptions import RedisError
-
-from timewheel.errors import RedisUnavailable
 from timewheel.schedules.model import spec_from_json
 from timewheel.schedules.ops import MAX_FIRES_PER_CALL, _now_ms, fires_arg, planning_args
 from timewheel.schedules.spec import plan_fires
@@ -31,6 +33,41 @@ class PlanResult:
     earliest_next_ms: int | None = None
     """The earliest next fire time to plan among the schedules read (None: none read).
     Against the clock it says how far behind the planner is."""
+
+
+MAX_DUE = 1000
+"""Most schedules (and tenants) one schedule_due call returns: its loops stay short."""
+
+
+@dataclass(frozen=True, slots=True)
+class DueSchedule:
+    """A schedule a planner pass extends, as lua/schedule_due.lua read it."""
+
+    tenant: str
+    sid: str
+    next_ms: int
+    spec: str
+    cursor: int
+    version: str
+
+
+@dataclass(frozen=True, slots=True)
+class Due:
+    rows: list[DueSchedule]
+    more: bool
+    """Some tenant had more schedules due than its share of the pass."""
+
+
+def _due(reply: list[Any]) -> Due:
+    n, rows = int(reply[1]), []
+    for i in range(n):
+        tenant, sid, next_ms, spec, cursor, version = reply[2 + 6 * i : 8 + 6 * i]
+        rows.append(
+            DueSchedule(
+                text(tenant), text(sid), int(next_ms), text(spec), int(cursor), text(version)
+            )
+        )
+    return Due(rows, bool(int(reply[0])))
 
 
 def _materialized(shard: int) -> Any:
@@ -64,58 +101,46 @@ class Planner:
 
         clock_ms: the caller's estimate of the shard clock, for the horizon; misfire
         decisions use Redis TIME in the script (or now_ms, an override for tests)."""
-        s, k, client = self.store.settings, self.store.keys, self.store.client
+        s, k = self.store.settings, self.store.keys
         local = clock_ms if clock_ms is not None else _now_ms()
         now = now_ms if now_ms is not None else int(local)
         horizon, batch = s.plan_horizon_ms, limit or s.plan_batch
-        try:
-            due: list[Any] = await client.zrange(
-                k.plan(shard),
-                "-inf",
-                now + horizon - horizon // 4,
-                byscore=True,
-                offset=0,
-                num=batch,
-                withscores=True,
-            )
-            sids = [text(row[0]) for row in due]
-            if not sids:
-                return PlanResult(shard, 0, 0, 0, False)
-            async with client.pipeline(transaction=False) as pipe:
-                for sid in sids:
-                    pipe.hmget(k.schedule(shard, sid), "spec", "cursor", "version", "state")
-                rows = await pipe.execute()
-        except (RedisError, OSError) as exc:
-            raise RedisUnavailable(f"planner read failed: {exc}") from exc
-        active = [
-            (sid, text(spec_raw), cursor_raw, version)
-            for sid, (spec_raw, cursor_raw, version, state) in zip(sids, rows, strict=True)
-            if spec_raw is not None and text(state) == "active"
-        ]
+        due = await self.store.run(
+            Call(
+                self.store.scripts.schedule_due,
+                [k.plan_tenants(shard)],
+                [now + horizon - horizon // 4, min(batch, MAX_DUE), min(batch, MAX_DUE)],
+                _due,
+            ),
+        )
+        if not due.rows:
+            return PlanResult(shard, 0, 0, 0, due.more)
+        active = due.rows
 
         def compute() -> list[tuple[list[int], int]]:
             return [
-                plan_fires(spec_from_json(spec), int(cursor), now + horizon, MAX_FIRES_PER_CALL)
-                for _, spec, cursor, _ in active
+                plan_fires(spec_from_json(row.spec), row.cursor, now + horizon, MAX_FIRES_PER_CALL)
+                for row in active
             ]
 
         # Fire times are CPU work a tenant's crons decide: off the event loop, so lease
         # renewals and ticks go on while they are computed.
         planned = await asyncio.to_thread(compute) if active else []
         calls: list[Call[tuple[int, int]]] = []
-        for (sid, _, cursor_raw, version), (fires, after) in zip(active, planned, strict=True):
+        for row, (fires, after) in zip(active, planned, strict=True):
             call = Call(
                 self.store.scripts.schedule_materialize,
-                [k.meta(shard), k.schedule(shard, sid), k.events(shard)],
+                [k.meta(shard), k.schedule(shard, row.sid), k.events(shard)],
                 [
-                    sid,
+                    row.sid,
                     node,
                     epoch,
-                    text(version),
-                    text(cursor_raw),
+                    row.version,
+                    row.cursor,
                     fires_arg(fires),
                     after,
                     *planning_args(self.store, shard, now_ms),
+                    row.tenant,
                 ],
                 _materialized(shard),
             )
@@ -124,4 +149,5 @@ class Planner:
         for one_added, one_skipped in await self.store.run_many(calls) if calls else []:
             added += one_added
             skipped += one_skipped
-        return PlanResult(shard, len(sids), added, skipped, len(sids) >= batch, int(due[0][1]))
+        earliest = min(row.next_ms for row in active)
+        return PlanResult(shard, len(active), added, skipped, due.more, earliest)

@@ -80,8 +80,19 @@ class Keys:
         """SET of every schedule id of the shard (snapshots read it)."""
         return self.tag(shard) + "schedules"
 
-    def plan(self, shard: int) -> str:
-        """ZSET sid -> next fire time not yet materialized: what the planner extends."""
+    def plan_tenants(self, shard: int) -> str:
+        """ZSET tenant -> the earliest next fire time of its plan index: the tenants whose
+        schedules the planner extends, each visited for a share of a pass."""
+        return self.tag(shard) + "plan_tenants"
+
+    def plan(self, shard: int, tenant: str) -> str:
+        """ZSET sid -> next fire time not yet materialized: a tenant's schedules the
+        planner extends."""
+        return f"{self.tag(shard)}plan:{tenant}"
+
+    def legacy_plan(self, shard: int) -> str:
+        """ZSET sid -> next fire time: the single plan index of earlier library versions,
+        emptied into the per-tenant ones by lua/schedule_due.lua."""
         return self.tag(shard) + "plan"
 
     def stream(self, shard: int, tenant: str, queue: str) -> str:

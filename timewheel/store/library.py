@@ -54,6 +54,7 @@ OPERATIONS = (
     "schedule_resume",
     "schedule_delete",
     "schedule_add_runs",
+    "schedule_due",
     "schedule_materialize",
     "restore_schedule",
     "restore_runs",
@@ -211,6 +212,7 @@ class Scripts:
     schedule_resume: Script
     schedule_delete: Script
     schedule_add_runs: Script
+    schedule_due: Script
     schedule_materialize: Script
     restore_schedule: Script
     restore_runs: Script
