@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from timewheel.store.library import check
@@ -38,8 +39,16 @@ def share_of(node: str, nodes: Sequence[str], shards: int) -> set[int]:
     return {s for s in range(shards) if rendezvous_owner(s, nodes) == node}
 
 
-def _members(reply: list[Any]) -> list[str]:
-    return sorted(n.decode() for n in reply[1:])
+@dataclass(frozen=True, slots=True)
+class Membership:
+    """The live scheduler nodes, and Redis's time when the heartbeat was written."""
+
+    now_ms: int
+    nodes: list[str]
+
+
+def _members(reply: list[Any]) -> Membership:
+    return Membership(int(reply[0]), sorted(n.decode() for n in reply[1:]))
 
 
 def _epoch(reply: list[Any]) -> int | None:
@@ -66,14 +75,18 @@ class Leases:
         self.ttl_ms = ttl_ms
 
     async def members(self, *, leaving: bool = False) -> list[str]:
-        """Mark this node alive (or gone) and return the live nodes (lua/lease_members.lua)."""
+        """Mark this node alive (or gone) and return the live nodes (lua/lease_members.lua).
+        The reply's Redis time refreshes the store's clock."""
         call = Call(
             self.store.scripts.lease_members,
             [self.store.keys.nodes()],
             [self.node, self.ttl_ms, "1" if leaving else "0"],
             _members,
         )
-        return await self.store.run(call)
+        sent = self.store.clock.sent()
+        membership = await self.store.run(call)
+        self.store.clock.observe(membership.now_ms, sent)
+        return membership.nodes
 
     async def acquire(self, shard: int) -> int | None:
         """The fencing epoch if this node now holds `shard`; None if another node does."""

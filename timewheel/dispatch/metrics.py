@@ -78,6 +78,12 @@ class SchedulerMetrics:
             "timewheel_lease_losses", "Shard leases lost or given up.", ["reason"], registry=r
         )
         self.owned = Gauge("timewheel_owned_shards", "Shards this node holds.", registry=r)
+        self.clock_offset = Gauge(
+            "timewheel_clock_offset_seconds",
+            "Redis's clock minus this node's wall clock, at the last reply carrying it "
+            "(reported only: every timer runs on Redis's clock).",
+            registry=r,
+        )
 
     def observe_tick(self, res: TickResult, seconds: float) -> None:
         self.tick_seconds.observe(seconds)

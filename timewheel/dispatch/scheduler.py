@@ -8,6 +8,12 @@ shard unfenced (single process, tests, benchmarks).
 Sleep: until the earliest next due time of its shards (in the shards' own clock, read
 from each tick's reply), capped at `poll_cap_ms`, or until a create publishes on the
 wake channel that a shard's next due time moved earlier.
+
+Clock: every timer (tick, promote, plan, reap, expire) is kept in Redis's time, as the
+store's RedisClock estimates it from a monotonic base and every reply carrying Redis
+TIME (ticks, the lease round's heartbeat, a TIME read before the first pass). A timer
+further out than its own interval (an estimate gone stale) is taken as due at that
+interval, so neither a skewed nor a stepping node clock can pause one.
 """
 
 from __future__ import annotations
@@ -35,10 +41,6 @@ EXPIRE_EVERY_MS = 10_000
 PLAN_CATCH_UP_S = 0.1
 """How long a pass that finds the planner behind may keep planning, a batch at a time."""
 CLOCK_JUMP_LOG_MS = 1_000
-
-
-def _local_ms() -> float:
-    return time.time() * 1000.0
 
 
 @dataclass(slots=True)
@@ -73,7 +75,7 @@ class Scheduler:
         self.state: dict[int, ShardState] = self.ownership.state
         """The shards this node holds (the ownership's own dict)."""
         self.counters = Counters()
-        self.offset_ms = 0.0  # shard clock minus local clock, learned from tick replies
+        self.clock = store.clock
         self.woken = self.ownership.acquired
         self._busy = self.ownership.busy
         self._plan_next = 0  # the shard the next planning pass starts at
@@ -82,12 +84,29 @@ class Scheduler:
     # -- one pass ---------------------------------------------------------------------
 
     def _shard_now(self) -> float:
-        return _local_ms() + self.offset_ms
+        return self.clock.now_ms()
+
+    def _cap_timers(self, now: float) -> None:
+        """No timer further out than its interval: a timer set while the clock estimate
+        was off (or a next due time far ahead) comes back within one interval."""
+        s = self.settings
+        tick_cap = now + s.sweep_ms
+        promote_cap = now + s.horizon_ms
+        plan_cap = now + s.plan_interval_ms * 1.25
+        reap_cap = now + s.reap_interval_ms
+        expire_cap = now + EXPIRE_EVERY_MS
+        for st in self.state.values():
+            st.next_tick_ms = min(st.next_tick_ms, tick_cap)
+            st.next_promote_ms = min(st.next_promote_ms, promote_cap)
+            st.next_plan_ms = min(st.next_plan_ms, plan_cap)
+            st.next_reap_ms = min(st.next_reap_ms, reap_cap)
+            st.next_expire_ms = min(st.next_expire_ms, expire_cap)
 
     async def run_once(self) -> int:
         """Promote, tick and expire every owned shard that is due now; returns runs
         dispatched. Planning that is due starts beside the pass (`_plan_beside`)."""
         now = self._shard_now()
+        self._cap_timers(now)
         owned = list(self.state.items())
         promote = [s for s, st in owned if st.next_promote_ms <= now]
         tick = [s for s, st in owned if st.next_tick_ms <= now]
@@ -155,14 +174,14 @@ class Scheduler:
     async def _tick_pipeline(self, shards: list[int]) -> list[TickResult]:
         """Tick the shards in one pipeline: one round trip, whatever their number."""
         wanted = [(s, self.state[s].epoch) for s in shards if s in self.state]
-        sent = _local_ms()
+        sent = self.clock.sent()
         try:
             replies = await self.dispatch.tick_many(wanted, node=self.node)
         except TimewheelError as exc:
             for shard, _ in wanted:
                 self._failed("tick", shard, exc)
             return []
-        received = _local_ms()
+        received = self.clock.sent()
         elapsed_s = (received - sent) / 1000.0
         out = []
         for (shard, _), res in zip(wanted, replies, strict=True):
@@ -176,9 +195,11 @@ class Scheduler:
             if res.clock_back_ms >= CLOCK_JUMP_LOG_MS:
                 log.warning("clock_behind_high_water_mark", shard=shard, back_ms=res.clock_back_ms)
         if out:
-            # The replies' now_ms were read between send and receive: take the midpoint
-            # (the pipeline's shards share one clock on standalone; close enough on Cluster).
-            self.offset_ms = out[-1].now_ms - (sent + received) / 2
+            # The replies' now_ms were read between send and receive: the clock takes the
+            # midpoint (the pipeline's shards share one clock on standalone; close enough
+            # on Cluster).
+            self.clock.observe(out[-1].now_ms, sent, received)
+            self.metrics.clock_offset.set(self.clock.skew_ms / 1000.0)
         return out
 
     def _after_tick(self, res: TickResult) -> None:
@@ -364,6 +385,15 @@ class Scheduler:
             ),
             asyncio.create_task(self._rates_loop(stop)),
         ]
+        # Redis's time before the first pass: no timer is ever set in this node's clock.
+        while not self.clock.known and not stop.is_set():
+            try:
+                await self.clock.sync(self.store.client)
+            except TimewheelError as exc:
+                log.warning("clock_sync_failed", error=str(exc), node=self.node or None)
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=0.5)
+        self.metrics.clock_offset.set(self.clock.skew_ms / 1000.0)
         if self.ownership.leases is not None:
             await self.ownership.round()
             helpers.append(asyncio.create_task(self.ownership.keep(stop)))

@@ -22,19 +22,37 @@ from timewheel.runs.signals import Retry
 from timewheel.runs.worker import DEFAULT_GROUP, Worker
 from timewheel.store.shard import Store
 
+MAX_RETRY_AFTER_S = 30 * 86400.0
+"""A Retry-After further out than this is taken as this (a hostile or broken server)."""
 
-def retry_after_s(value: str | None, now_s: float | None = None) -> float | None:
-    """Seconds to wait from a Retry-After header (delta-seconds or an HTTP date)."""
+
+def _http_date(value: str | None) -> float | None:
+    if not value:
+        return None
+    try:
+        return email.utils.parsedate_to_datetime(value.strip()).timestamp()
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+
+
+def retry_after_s(
+    value: str | None, date: str | None = None, now_s: float | None = None
+) -> float | None:
+    """Seconds to wait from a Retry-After header: delta-seconds, or an HTTP date read
+    against the same response's Date header (the server's clock on both sides, so this
+    node's clock plays no part); without a usable Date, against `now_s` (this node's
+    clock). None for a missing or malformed value."""
     if not value:
         return None
     value = value.strip()
-    if value.isdigit():
-        return float(value)
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
+    if value.isascii() and value.isdigit():
+        return min(float(value), MAX_RETRY_AFTER_S)
+    when = _http_date(value)
+    if when is None:
         return None
-    return max(0.0, when.timestamp() - (time.time() if now_s is None else now_s))
+    sent = _http_date(date)
+    reference = sent if sent is not None else (time.time() if now_s is None else now_s)
+    return min(max(0.0, when - reference), MAX_RETRY_AFTER_S)
 
 
 class WebhookExecutor:
@@ -95,4 +113,5 @@ class WebhookExecutor:
             raise Retry(None, f"{type(exc).__name__}: {exc}") from None
         if 200 <= resp.status_code < 300:
             return
-        raise Retry(retry_after_s(resp.headers.get("retry-after")), f"HTTP {resp.status_code}")
+        wait_s = retry_after_s(resp.headers.get("retry-after"), resp.headers.get("date"))
+        raise Retry(wait_s, f"HTTP {resp.status_code}")

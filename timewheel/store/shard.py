@@ -20,6 +20,7 @@ from timewheel import ids
 from timewheel.config import Settings
 from timewheel.errors import RedisUnavailable, TaskNotFound
 from timewheel.store import deployment
+from timewheel.store.clock import RedisClock
 from timewheel.store.connection import RedisClient, connect
 from timewheel.store.keys import Keys
 from timewheel.store.library import Script, ScriptArg, Scripts
@@ -54,6 +55,8 @@ class Store:
         self.is_cluster = isinstance(client, RedisCluster)
         self.replicas_ack = max(settings.min_replicas_ack, 0)
         """Replicas a client's write waits for (WAIT) before it is answered."""
+        self.clock = RedisClock()
+        """This process's estimate of Redis's time (store/clock.py)."""
 
     @classmethod
     async def connect(cls, settings: Settings) -> Store:

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 
@@ -25,6 +26,11 @@ def settings_env(settings: Settings) -> dict[str, str]:
         "TIMEWHEEL_RETRY_INITIAL_MS": str(settings.retry_initial_ms),
         "TIMEWHEEL_VISIBILITY_TIMEOUT_MS": str(settings.visibility_timeout_ms),
         "TIMEWHEEL_REAP_INTERVAL_MS": str(settings.reap_interval_ms),
+        "TIMEWHEEL_PLAN_HORIZON_MS": str(settings.plan_horizon_ms),
+        "TIMEWHEEL_PLAN_INTERVAL_MS": str(settings.plan_interval_ms),
+        "TIMEWHEEL_MISFIRE_MS": str(settings.misfire_ms),
+        "TIMEWHEEL_SWEEP_MS": str(settings.sweep_ms),
+        "TIMEWHEEL_RETENTION_MS": str(settings.retention_ms),
     }
 
 
@@ -39,10 +45,12 @@ class NodeProcess:
         *,
         ttl_ms: int,
         metrics_port: int | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> None:
+        """env: more environment variables (a skewed clock, timewheel/testing/skew.py)."""
         self.node_id = node_id
         self.log_path = log_dir / f"{node_id}.log"
-        env = settings_env(settings)
+        env = {**settings_env(settings), **(env or {})}
         with self.log_path.open("w") as out:
             self.proc = subprocess.Popen(
                 [
