@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from timewheel.engine import Engine
+from timewheel.models import Delivery
 from timewheel.runs.worker import Worker
 from timewheel.schedules.model import NewSchedule
 from timewheel.schedules.spec import ScheduleSpec
@@ -76,7 +77,7 @@ async def test_a_scheduler_30_s_ahead_reaps_and_plans_on_time_from_its_start(
             first = [d.attempt for d in await reader.read(block_ms=200)]
         assert first == [1]
         read_at = now_ms()
-        retried = []
+        retried: list[Delivery] = []
         while not retried and time.monotonic() < deadline + 10:
             retried = await reader.read(block_ms=200)
         assert [d.attempt for d in retried] == [2]
