@@ -1,14 +1,20 @@
-"""Scheduler processes on a skewed or stepping wall clock (libfaketime), against a Redis
-and a test on the true clock: what is due, and when the scheduler's own timers fire,
-follow Redis's clock alone."""
+"""Processes on a skewed or stepping wall clock (libfaketime), against a Redis and a test
+on the true clock: what is due, when a scheduler's own timers fire and how long a
+webhook waits for a Retry-After date follow Redis's (or the HTTP server's) clock alone."""
 
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import itertools
+import subprocess
+import sys
+import threading
 import time
 from collections.abc import AsyncIterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any, ClassVar
 
 import pytest
 
@@ -17,9 +23,10 @@ from timewheel.models import Delivery
 from timewheel.runs.worker import Worker
 from timewheel.schedules.model import NewSchedule
 from timewheel.schedules.spec import ScheduleSpec
+from timewheel.store.server import find_free_port
 from timewheel.tasks.model import NewTask
-from timewheel.testing.dispatch import all_deliveries
-from timewheel.testing.nodes import NodeProcess
+from timewheel.testing.dispatch import all_deliveries, running_scheduler
+from timewheel.testing.nodes import NodeProcess, settings_env
 from timewheel.testing.settings import test_settings
 from timewheel.testing.skew import SkewedClock
 
@@ -121,3 +128,71 @@ async def test_a_scheduler_whose_clock_steps_back_and_forward_keeps_dispatching(
     assert all(i in sent for i in ids), f"{sum(i not in sent for i in ids)} runs not sent"
     lags = [sent[i].dispatched_ms - sent[i].due_ms for i in ids]
     assert max(lags) < 1_000 and min(lags) >= 0
+
+
+class _Hook(BaseHTTPRequestHandler):
+    """Answers the first POST 503 with Retry-After: an HTTP date 5 s after its own Date
+    (both on the true clock), and later ones 200; notes when each came."""
+
+    seen: ClassVar[list[float]] = []
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("content-length", "0")))
+        self.seen.append(time.time())
+        if len(self.seen) == 1:
+            now = time.time()
+            self.send_response(503)
+            self.send_header(
+                "Retry-After", email.utils.formatdate(now + RETRY_AFTER_S, usegmt=True)
+            )
+            self.send_header("Date", email.utils.formatdate(now, usegmt=True))
+        else:
+            self.send_response(200)
+        self.send_header("content-length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return
+
+
+RETRY_AFTER_S = 5
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("skew_s", [+30, -3600])
+async def test_the_webhook_honours_an_http_date_retry_after_on_a_skewed_node(
+    engine: Engine, tmp_path: Path, skew_s: int
+) -> None:
+    _Hook.seen = []
+    port = find_free_port()
+    server = ThreadingHTTPServer(("127.0.0.1", port), _Hook)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    clock = SkewedClock(tmp_path / "clock", skew_s)
+    command = [sys.executable, "-m", "timewheel.cli", "webhook", "--url"]
+    command += [f"http://127.0.0.1:{port}/hook", "--tenant", "acme", "--queue", "hooks"]
+    command += ["--redis-url", engine.settings.redis_url]
+    with (tmp_path / "webhook.log").open("wb") as log:
+        hook = subprocess.Popen(
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**settings_env(engine.settings), **clock.env()},
+        )
+    try:
+        created = await engine.tasks.create(
+            NewTask(tenant="acme", queue="hooks", delay_ms=0, payload_json='{"n":1}')
+        )
+        async with running_scheduler(engine):
+            deadline = time.monotonic() + 30
+            while len(_Hook.seen) < 2 and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+    finally:
+        hook.terminate()
+        hook.wait(timeout=15)
+        server.shutdown()
+        server.server_close()
+    assert len(_Hook.seen) >= 2, (tmp_path / "webhook.log").read_text()
+    waited = _Hook.seen[1] - _Hook.seen[0]
+    assert RETRY_AFTER_S - 1 <= waited <= RETRY_AFTER_S + 2, waited
+    task = await engine.tasks.get("acme", created.task_id)
+    assert task.attempt == 2
