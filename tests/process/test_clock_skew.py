@@ -23,10 +23,13 @@ from timewheel.models import Delivery
 from timewheel.runs.worker import Worker
 from timewheel.schedules.model import NewSchedule
 from timewheel.schedules.spec import ScheduleSpec
+from timewheel.sdk.client import Client
 from timewheel.store.server import find_free_port
 from timewheel.tasks.model import NewTask
+from timewheel.testing.apiserver import start_api
 from timewheel.testing.dispatch import all_deliveries, running_scheduler
 from timewheel.testing.nodes import NodeProcess, settings_env
+from timewheel.testing.schedules import events
 from timewheel.testing.settings import test_settings
 from timewheel.testing.skew import SkewedClock
 
@@ -196,3 +199,44 @@ async def test_the_webhook_honours_an_http_date_retry_after_on_a_skewed_node(
     assert RETRY_AFTER_S - 1 <= waited <= RETRY_AFTER_S + 2, waited
     task = await engine.tasks.get("acme", created.task_id)
     assert task.attempt == 2
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("skew_s", [+30, -3600])
+async def test_schedules_created_through_a_skewed_api_fire_from_their_creation_on(
+    standalone_url: str, tmp_path: Path, skew_s: int
+) -> None:
+    clock = SkewedClock(tmp_path / "clock", skew_s)
+    proc, api = start_api(standalone_url, tmp_path / "api.log", env=clock.env())
+    engine = await Engine.connect(api.settings)
+    try:
+        with Client(api.url, api.admin_key) as admin:
+            admin.create_tenant("acme")
+            key = admin.create_key("acme")["key"]
+        with Client(api.url, key) as tw:
+            made = [
+                tw.create_schedule(every_s=1, catchup="all"),
+                tw.create_schedule(cron="* * * * * *", catchup="all"),
+                tw.create_schedule(every_s=10, catchup="skip"),
+            ]
+        async with running_scheduler(engine):
+            await asyncio.sleep(4)
+        sent = await all_deliveries(engine)
+        for sid in (m["id"] for m in made):
+            sched = await engine.schedules.get("acme", sid)
+            fires = sorted(d.due_ms for d in sent if d.schedule_id == sid)
+            # Nothing for a time before the schedule existed, nothing skipped.
+            assert all(f > sched.created_ms for f in fires), (sid, fires, sched.created_ms)
+            assert await events(engine, sid, "skipped") == []
+            if sched.spec.every_s == 10:
+                assert fires == []  # first due 10 s after creation
+                assert sched.next_run_ms is not None
+                assert 9_000 <= sched.next_run_ms - sched.created_ms <= 10_000
+                continue
+            assert 3 <= len(fires) <= 5, fires
+            assert fires[0] - sched.created_ms <= 1_000
+            assert all(b - a == 1_000 for a, b in itertools.pairwise(fires))
+    finally:
+        await engine.close()
+        proc.terminate()
+        proc.wait(timeout=15)

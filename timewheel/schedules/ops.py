@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -65,10 +64,6 @@ def planning_args(store: Store, shard: int, now_ms: int | None) -> list[ScriptAr
     ]
 
 
-def _now_ms() -> int:
-    return int(time.time() * 1000)
-
-
 def _checked(sid: str, action: str) -> Any:
     """The decoder of a schedule script whose negative codes name the schedule."""
 
@@ -92,6 +87,13 @@ class ScheduleOps:
         k = self.store.keys
         return shard, [k.meta(shard), k.schedule(shard, sid), k.events(shard)]
 
+    async def _now(self, now_ms: int | None) -> int:
+        """Redis's time (or a test's override): a schedule's anchor and first planning
+        cursor never come from this node's clock (store/clock.py)."""
+        if now_ms is not None:
+            return now_ms
+        return await self.store.clock.now_ms_fresh(self.store.client)
+
     async def _first_plan(self, spec: ScheduleSpec, now_ms: int) -> tuple[int, list[int], int]:
         """The first fire times after now, computed off the event loop (a tenant's cron
         decides the CPU they cost)."""
@@ -112,7 +114,7 @@ class ScheduleOps:
         shard = ids.shard_for(new.tenant, token, s.default_spread, s.shards)
         sid = ids.make_task_id(shard, token)
         _, keys = self._schedule_keys(sid)
-        now = _now_ms() if now_ms is None else now_ms
+        now = await self._now(now_ms)
         spec = new.spec
         if spec.every_s is not None and spec.anchor_ms is None and spec.start_at_ms is None:
             spec = dataclasses.replace(spec, anchor_ms=now)
@@ -244,7 +246,7 @@ class ScheduleOps:
             put("overlap", changes.overlap)
         if changes.max_runs is not None:
             put("max_runs", changes.max_runs)
-        now = _now_ms() if now_ms is None else now_ms
+        now = await self._now(now_ms)
         cursor, fires, after = await self._first_plan(spec, now)
         shard, keys = self._schedule_keys(sid)
         call = Call(

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from timewheel.schedules.model import spec_from_json
-from timewheel.schedules.ops import MAX_FIRES_PER_CALL, _now_ms, fires_arg, planning_args
+from timewheel.schedules.ops import MAX_FIRES_PER_CALL, fires_arg, planning_args
 from timewheel.schedules.spec import plan_fires
 from timewheel.store.library import check
 from timewheel.store.shard import Call, Store
@@ -102,7 +102,7 @@ class Planner:
         clock_ms: the caller's estimate of the shard clock, for the horizon; misfire
         decisions use Redis TIME in the script (or now_ms, an override for tests)."""
         s, k = self.store.settings, self.store.keys
-        local = clock_ms if clock_ms is not None else _now_ms()
+        local = clock_ms if clock_ms is not None else self.store.clock.now_ms()
         now = now_ms if now_ms is not None else int(local)
         horizon, batch = s.plan_horizon_ms, limit or s.plan_batch
         due = await self.store.run(

@@ -8,6 +8,7 @@ import secrets
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,8 +27,11 @@ class ApiServer:
     """The settings the process runs with (prefix, shards ...), for a test-side Engine."""
 
 
-def start_api(redis_url: str, log: Path) -> tuple[subprocess.Popen[bytes], ApiServer]:
-    """Start `timewheel api` on `redis_url`, logging to `log`, and wait for /healthz."""
+def start_api(
+    redis_url: str, log: Path, *, env: Mapping[str, str] | None = None
+) -> tuple[subprocess.Popen[bytes], ApiServer]:
+    """Start `timewheel api` on `redis_url`, logging to `log`, and wait for /healthz.
+    env: more environment variables (a skewed clock, timewheel/testing/skew.py)."""
     settings = test_settings(redis_url)
     admin_key = "tw_admin_" + secrets.token_hex(16)
     port = find_free_port()
@@ -38,6 +42,7 @@ def start_api(redis_url: str, log: Path) -> tuple[subprocess.Popen[bytes], ApiSe
         "TIMEWHEEL_BUCKET_MS": str(settings.bucket_ms),
         "TIMEWHEEL_HORIZON_MS": str(settings.horizon_ms),
         "TIMEWHEEL_ADMIN_KEY": admin_key,
+        **(env or {}),
     }
     with log.open("wb") as out:
         proc = subprocess.Popen(
