@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 LATENCY_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
 
@@ -26,6 +26,13 @@ class ApiMetrics:
             "Time from routing to response, by method and route template.",
             ["method", "route"],
             buckets=LATENCY_BUCKETS_S,
+            registry=self.registry,
+        )
+
+        self.clock_offset = Gauge(
+            "timewheel_clock_offset_seconds",
+            "Redis's clock minus this node's wall clock, as of the last TIME read (reported "
+            "only: schedules are anchored on Redis's clock).",
             registry=self.registry,
         )
 

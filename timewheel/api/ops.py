@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import JSONResponse, Response
 
 from timewheel.api.endpoints import PUBLIC, Call, Endpoint
 from timewheel.api.spec import Schema
+from timewheel.errors import TimewheelError
 
 STATUS_OUT: Schema = {"type": "object", "properties": {"status": {"type": "string"}}}
 
@@ -25,8 +28,12 @@ async def readyz(call: Call) -> Response:
 
 
 async def metrics(call: Call) -> Response:
-    registry = call.request.app.state.metrics.registry
-    return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+    api_metrics = call.request.app.state.metrics
+    store = call.engine.store
+    with contextlib.suppress(TimewheelError):  # the skew is reported; it decides nothing
+        await store.clock.now_ms_fresh(store.client)
+    api_metrics.clock_offset.set(store.clock.skew_ms / 1000.0)
+    return Response(generate_latest(api_metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 
 async def openapi(call: Call) -> Response:
