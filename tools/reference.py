@@ -435,10 +435,13 @@ TIME_UNITS = ((86_400_000, "d", 2), (3_600_000, "h", 1), (60_000, "min", 1), (10
 
 
 def humane(value: object, unit: str) -> str:
-    """10 min for 600000 ms, 64 KiB for 65536 bytes; '' when the number says it all."""
+    """10 min for 600000 ms, 64 KiB for 65536 bytes, 16 MiB for 16777216; '' when the number
+    says it all."""
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         return ""
     if unit == "bytes":
+        if value % (1 << 20) == 0:
+            return f"{value >> 20} MiB"
         return f"{value // 1024} KiB" if value % 1024 == 0 else ""
     if unit not in ("milliseconds", "seconds"):
         return ""
