@@ -102,6 +102,32 @@ class Settings:
     archiver that stopped for good must not let Redis run out of memory; those events are
     then lost to PostgreSQL, and the archiver logs the gap). The archiver writes it into
     each shard's meta hash with its mark."""
+    http_header_timeout_s: int = 10
+    """How long the api's HTTP server waits for a complete request head (request line and
+    headers): from the connection's opening, and on a kept-alive connection from the first
+    byte of the next request. Past it the connection is closed without an answer, so
+    connections that never finish a request do not hold the server."""
+    http_keepalive_s: int = 5
+    """How long an idle kept-alive connection stays open after its last answer."""
+    http_body_timeout_s: int = 30
+    """How long the api's HTTP server waits on a client in the middle of a request or an
+    answer: for the next part of a request body being read (past it: 408
+    request_timeout, and the connection is closed), or for the client to take the next
+    part of a large answer (past it the connection is dropped)."""
+    http_max_header_bytes: int = 16_384
+    """Largest request head (request line and headers). A longer one is answered 431
+    headers_too_large and its connection closed; the bytes are counted as they arrive, so
+    an endless header is cut at the limit."""
+    http_max_connections: int = 1000
+    """Open connections of one api process past which a request is answered 503
+    unavailable (Retry-After: 1) and its connection closed. Idle and unfinished
+    connections count until http_keepalive_s or http_header_timeout_s closes them; the
+    process needs a file descriptor limit (ulimit -n) above this."""
+    http_max_body_bytes: int = 16_777_216
+    """Largest request body on any route, checked before anything reads it: a larger
+    Content-Length is answered 413 payload_too_large at once, and a chunked body is cut
+    there. An endpoint may take less: a single create or update at most twice
+    max_payload_bytes plus 64 KiB; a batch create at most 16 MiB, even with a higher setting."""
 
     def __post_init__(self) -> None:
         if self.shards < 1 or self.shards > MAX_SHARDS or self.shards & (self.shards - 1):
@@ -149,6 +175,18 @@ class Settings:
             raise ConfigError(
                 f"Setting 'prefix' has value {self.prefix!r}. No braces, colons, spaces."
             )
+        for name, least in (
+            ("http_header_timeout_s", 1),
+            ("http_keepalive_s", 1),
+            ("http_body_timeout_s", 1),
+            ("http_max_header_bytes", 1024),
+            ("http_max_connections", 1),
+            ("http_max_body_bytes", 1),
+        ):
+            if getattr(self, name) < least:
+                raise ConfigError(
+                    f"Setting {name!r} has value {getattr(self, name)}. Must be >= {least}."
+                )
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:

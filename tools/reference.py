@@ -435,10 +435,13 @@ TIME_UNITS = ((86_400_000, "d", 2), (3_600_000, "h", 1), (60_000, "min", 1), (10
 
 
 def humane(value: object, unit: str) -> str:
-    """10 min for 600000 ms, 64 KiB for 65536 bytes; '' when the number says it all."""
+    """10 min for 600000 ms, 64 KiB for 65536 bytes, 16 MiB for 16777216; '' when the number
+    says it all."""
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         return ""
     if unit == "bytes":
+        if value % (1 << 20) == 0:
+            return f"{value >> 20} MiB"
         return f"{value // 1024} KiB" if value % 1024 == 0 else ""
     if unit not in ("milliseconds", "seconds"):
         return ""
@@ -473,7 +476,8 @@ def configuration_page() -> str:
         "else is taken as text, and a value that cannot be parsed or fails a check (a shard",
         "count that is not a power of two, a batch over 5,000, a prefix with braces, colons or",
         "spaces ...) stops the process at start with a message naming it (exit 2). Options",
-        "given on the command line (`--redis-url`, `--postgres-dsn`) win over the environment.",
+        "given on the command line (`--redis-url`, `--postgres-dsn`, the `--http-*` limits of",
+        "`api` and `dev`) win over the environment.",
         "Give every process of a deployment the same values: `shards` and `bucket_ms` are",
         "recorded in Redis when the deployment is created, and a process started with other",
         "values refuses to run.",

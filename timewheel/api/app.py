@@ -6,7 +6,9 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 
+from timewheel.api.bodies import BodyLimits
 from timewheel.api.coalescer import CreateCoalescer
 from timewheel.api.dead_letters import DEAD_LETTER_ENDPOINTS
 from timewheel.api.endpoints import Endpoint, build_routes
@@ -68,7 +70,14 @@ def create_app(
         finally:
             await owned.close()
 
-    app = Starlette(routes=build_routes(endpoints), exception_handlers=HANDLERS, lifespan=lifespan)
+    limits = engine.settings if engine is not None else settings or Settings.from_env()
+    body_limits = Middleware(BodyLimits, max_bytes=limits.http_max_body_bytes)
+    app = Starlette(
+        routes=build_routes(endpoints),
+        middleware=[body_limits],
+        exception_handlers=HANDLERS,
+        lifespan=lifespan,
+    )
     app.state.metrics = ApiMetrics()
     app.state.openapi = document(endpoints)
     if engine is not None:

@@ -19,7 +19,7 @@ import structlog
 from redis.exceptions import RedisError
 
 from timewheel.cli.client import CLIENT_COMMANDS, run_client_command
-from timewheel.cli.parser import build_parser
+from timewheel.cli.parser import build_parser, http_options
 from timewheel.cli.serve import serve
 from timewheel.config import Settings
 from timewheel.engine import Engine
@@ -85,7 +85,9 @@ async def _run_executor(args: argparse.Namespace) -> None:
 
 
 def _settings(args: argparse.Namespace, redis_url: str | None = None) -> Settings:
-    return Settings.from_env(redis_url=redis_url or getattr(args, "redis_url", None))
+    return Settings.from_env(
+        None, redis_url=redis_url or getattr(args, "redis_url", None), **http_options(args)
+    )
 
 
 async def _run_dev(args: argparse.Namespace) -> None:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import os
+from dataclasses import fields
 from pathlib import Path
 
 from timewheel import __version__
 from timewheel.cli.client import add_client_commands
+from timewheel.config import Settings
 
 DEV_REDIS_PORT = 6399
 DESCRIPTION = """The `timewheel` command: dev, api, scheduler, worker, webhook, archiver, snapshot,
@@ -43,6 +45,38 @@ def add_executor_args(p: argparse.ArgumentParser) -> None:
     add_common(p)
 
 
+HTTP_LIMITS = (
+    ("http_header_timeout_s", "seconds a connection may take to send a whole request head"),
+    ("http_keepalive_s", "seconds an idle kept-alive connection stays open"),
+    (
+        "http_body_timeout_s",
+        "seconds to wait for the next part of a request body, or for the client to take "
+        "the next part of an answer",
+    ),
+    ("http_max_header_bytes", "largest request head; 431 past it"),
+    ("http_max_connections", "open connections past which a request is answered 503"),
+    ("http_max_body_bytes", "largest request body of any endpoint; 413 past it"),
+)
+"""The settings of the HTTP server that `api` and `dev` also take as options."""
+
+
+def add_http_limits(p: argparse.ArgumentParser) -> None:
+    defaults = {f.name: f.default for f in fields(Settings)}
+    group = p.add_argument_group("HTTP server limits")
+    for name, text in HTTP_LIMITS:
+        group.add_argument(
+            "--" + name.replace("_", "-"),
+            type=int,
+            metavar="N",
+            help=f"{text} (env TIMEWHEEL_{name.upper()}; default {defaults[name]})",
+        )
+
+
+def http_options(args: argparse.Namespace) -> dict[str, int | None]:
+    """The HTTP server limits given as options, for Settings.from_env (None: not given)."""
+    return {name: getattr(args, name, None) for name, _ in HTTP_LIMITS}
+
+
 def add_postgres(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--postgres-dsn",
@@ -72,11 +106,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         help=f"port of the local redis-server (default {DEV_REDIS_PORT}; 0 = any free)",
     )
+    add_http_limits(dev)
     add_common(dev, redis_url=False)
 
     api = sub.add_parser("api", help="run the HTTP API")
     api.add_argument("--host", default="127.0.0.1")
     api.add_argument("--port", default=8080, type=int)
+    add_http_limits(api)
     add_unsafe(api)
     add_common(api)
 

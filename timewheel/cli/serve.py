@@ -15,6 +15,7 @@ import uvicorn
 from prometheus_client import start_http_server
 
 from timewheel.api import create_app
+from timewheel.api.protocol import protocol_class
 from timewheel.dispatch.metrics import SchedulerMetrics
 from timewheel.dispatch.scheduler import Scheduler
 from timewheel.engine import Engine
@@ -57,13 +58,19 @@ async def serve(
     tasks: list[asyncio.Task[object]] = []
     server: _Server | None = None
     if api:
+        settings = engine.settings
         config = uvicorn.Config(
-            create_app(engine.settings, engine=engine),
+            create_app(settings, engine=engine),
             host=host,
             port=port,
             log_level="warning",
             access_log=False,  # one log call per request; /metrics counts requests instead
             lifespan="on",
+            # httptools with the limits of timewheel/api/protocol.py: head timeout and
+            # size, the connection bound, lingering closes
+            http=protocol_class(settings),
+            ws="none",  # no endpoint speaks WebSocket: an upgrade is an ordinary request
+            timeout_keep_alive=settings.http_keepalive_s,
         )
         server = _Server(config)
         tasks.append(asyncio.create_task(server.serve()))

@@ -28,21 +28,33 @@ class ApiServer:
 
 
 def start_api(
-    redis_url: str, log: Path, *, env: Mapping[str, str] | None = None
+    redis_url: str, log: Path, env: Mapping[str, str] | None = None
 ) -> tuple[subprocess.Popen[bytes], ApiServer]:
     """Start `timewheel api` on `redis_url`, logging to `log`, and wait for /healthz.
-    env: more environment variables (a skewed clock, timewheel/testing/skew.py)."""
-    settings = test_settings(redis_url)
+
+    `env` adds environment variables: TIMEWHEEL_* ones (the HTTP server's limits, say),
+    which `settings` then holds, or others (a skewed clock, timewheel/testing/skew.py).
+    """
+    extra = dict(env or {})
+    base = test_settings(redis_url)
+    settings = Settings.from_env(
+        extra,
+        redis_url=redis_url,
+        prefix=base.prefix,
+        shards=base.shards,
+        bucket_ms=base.bucket_ms,
+        horizon_ms=base.horizon_ms,
+    )
     admin_key = "tw_admin_" + secrets.token_hex(16)
     port = find_free_port()
-    env = {
+    process_env = {
         **os.environ,
         "TIMEWHEEL_PREFIX": settings.prefix,
         "TIMEWHEEL_SHARDS": str(settings.shards),
         "TIMEWHEEL_BUCKET_MS": str(settings.bucket_ms),
         "TIMEWHEEL_HORIZON_MS": str(settings.horizon_ms),
         "TIMEWHEEL_ADMIN_KEY": admin_key,
-        **(env or {}),
+        **extra,
     }
     with log.open("wb") as out:
         proc = subprocess.Popen(
@@ -58,7 +70,7 @@ def start_api(
             ],
             stdout=out,
             stderr=subprocess.STDOUT,
-            env=env,
+            env=process_env,
         )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 20
