@@ -3,8 +3,9 @@
 The alert rules pass `promtool check rules` and their unit tests (`promtool test rules`);
 every alert has a severity, a summary, a description and a runbook section that exists.
 The rules and the Grafana dashboard read only metrics that docs/operations/metrics.md
-lists, and the dashboard's PromQL parses. promtool is installed by .ci/bootstrap; a
-missing one fails these tests.
+lists, and the dashboard's PromQL parses. The redis-cli scripts pass shellcheck and are
+each described in docs/operations/redis-cli.md. promtool and shellcheck are installed by
+.ci/bootstrap; a missing one fails these tests.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from timewheel.dispatch.metrics import SchedulerMetrics
 ROOT = Path(__file__).resolve().parents[2]
 PROMETHEUS = ROOT / "deploy" / "prometheus"
 DASHBOARD = ROOT / "deploy" / "grafana" / "timewheel.json"
+REDIS_CLI = ROOT / "deploy" / "redis-cli"
 DOCS = ROOT / "docs"
 METRICS_DOC = DOCS / "operations" / "metrics.md"
 
@@ -265,3 +267,34 @@ def test_the_dashboard_panels_are_laid_out_and_use_the_datasource_variable() -> 
         if p["type"] != "row":
             assert p["datasource"]["uid"] == "${datasource}", p["title"]
             assert p["targets"], p["title"]
+
+
+# --- redis-cli scripts ------------------------------------------------------------------------
+
+
+def _scripts() -> list[Path]:
+    return sorted(p for p in REDIS_CLI.iterdir() if p.is_file())
+
+
+def test_the_redis_cli_scripts_pass_shellcheck() -> None:
+    scripts = _scripts()
+    assert len(scripts) >= 7
+    for script in scripts:
+        assert script.read_text(encoding="utf-8").startswith("#!/usr/bin/env bash\n"), script
+        assert script.stat().st_mode & 0o111, f"{script} is not executable"
+    files = [str(p) for p in [*scripts, *sorted((REDIS_CLI / "lib").glob("*.bash"))]]
+    done = _run([_tool("shellcheck"), "--external-sources", "--source-path=SCRIPTDIR", *files])
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_every_redis_cli_script_and_snippet_is_documented() -> None:
+    page = (DOCS / "operations" / "redis-cli.md").read_text(encoding="utf-8")
+    for script in _scripts():
+        assert f"\n## {script.name}\n" in page, f"{script.name} has no section in redis-cli.md"
+    used = {
+        name
+        for script in _scripts()
+        for name in re.findall(r"tw_eval (\w+)", script.read_text(encoding="utf-8"))
+    } | {"layout", "common", "nodes"}
+    snippets = {p.stem for p in (REDIS_CLI / "lua").glob("*.lua")}
+    assert snippets == used, "a snippet no script runs, or a script runs a missing one"
