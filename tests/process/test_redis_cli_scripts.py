@@ -7,6 +7,7 @@ and a 3-primary Cluster, where keys live on several nodes."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import AsyncIterator
@@ -487,17 +488,44 @@ async def test_the_scripts_refuse_bad_arguments_and_report_what_redis_answers(
     absent = _run(url, "nosuchprefix", "due-per-shard", status=1)
     assert "nosuchprefix:layout does not exist" in absent.stderr
     assert absent.stdout == ""
-    # Without `--` the arguments are the script's: here, the shard.
-    plain = subprocess.run(
-        [str(SCRIPTS / "shard-wheel"), str(world.acme)],
-        env={**os.environ, "TIMEWHEEL_PREFIX": prefix, "REDIS_CLI": "false"},
+    refused = _env_run([str(SCRIPTS / "shard-wheel"), "3"], prefix, "false")
+    assert refused.returncode == 1 and "redis-cli failed" in refused.stderr
+
+
+def _env_run(args: list[str], prefix: str, cli: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        args,
+        env={**os.environ, "TIMEWHEEL_PREFIX": prefix, "REDIS_CLI": cli},
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
     )
-    assert plain.returncode == 1 and "redis-cli failed" in plain.stderr
-    assert redis_standalone.url == url
+
+
+async def test_without_options_the_arguments_are_the_scripts(
+    standalone_engine: Engine, world: World, tmp_path: Path
+) -> None:
+    """No `--`: every argument is the script's (or none at all); REDIS_CLI names the
+    redis-cli to run, here one that knows the server."""
+    where = urlparse(standalone_engine.settings.redis_url)
+    cli = tmp_path / "redis-cli"
+    cli.write_text(f'#!/bin/sh\nexec redis-cli -h {where.hostname} -p {where.port} "$@"\n')
+    cli.chmod(0o755)
+    prefix = standalone_engine.settings.prefix
+    for args in (["due-per-shard"], ["shard-wheel", str(world.acme)], ["task-record", world.dead]):
+        done = _env_run([str(SCRIPTS / args[0]), *args[1:]], prefix, str(cli))
+        assert done.returncode == 0, done.stderr
+        assert _stable(done.stdout) == _stable(_out(standalone_engine, *args))
+
+
+def _stable(text: str) -> list[str]:
+    """Output less what moves from one run to the next (the clock, the lease's time left)."""
+    return [
+        re.sub(r" \([+-][0-9.]+s\)", "", line)
+        for line in text.splitlines()
+        if not line.startswith(("now ", "lease "))
+    ]
 
 
 # --- Cluster ------------------------------------------------------------------------------------

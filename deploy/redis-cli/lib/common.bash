@@ -51,7 +51,7 @@ tw_parse() {
     done
     shift
     TW_ARGS=("$@")
-  elif [ "${1:0:1}" = "-" ]; then
+  elif [ "$#" -gt 0 ] && [ "${1:0:1}" = "-" ]; then
     TW_FLAGS=("$@")
   else
     TW_ARGS=("$@")
