@@ -112,7 +112,8 @@ tw_layout() {
   read -r TW_SHARDS TW_BUCKET_MS <<<"$line"
 }
 
-# "host port" of every primary of a Cluster; nothing on a standalone server.
+# "host port" of every primary of a Cluster (those merely suspected of failing, fail?,
+# included); nothing on a standalone server.
 tw_primaries() {
   local info
   info="$(tw_cli --raw INFO cluster 2>&1)" || tw_die "redis-cli failed: $info"
@@ -121,7 +122,7 @@ tw_primaries() {
     *cluster_enabled:0*) return 0 ;;
     *) tw_die "INFO cluster: $info" ;;
   esac
-  tw_cli --raw CLUSTER NODES | awk '$3 ~ /master/ && $3 !~ /fail/ {
+  tw_cli --raw CLUSTER NODES | awk '$3 ~ /master/ && $3 !~ /(^|,)fail(,|$)/ {
     addr = $2; sub(/@.*/, "", addr); port = addr; sub(/.*:/, "", port); sub(/:[^:]*$/, "", addr)
     print addr, port
   }'
