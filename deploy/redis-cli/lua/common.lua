@@ -1,0 +1,127 @@
+-- Helpers of the deploy/redis-cli snippets. lib/common.bash sends this file ahead of a
+-- snippet, under '#!lua flags=no-writes': Redis refuses any write from them. A snippet
+-- answers {'ok', line, ...}; lines are space-separated fields, '-' for none.
+-- Key layout and record format: docs/design.md ("Redis key layout").
+
+-- The tag of a key of one shard ('{tw:3}:') and the shard's number.
+local function tw_tag(key)
+  return string.match(key, '^({.-:%d+}:)')
+end
+
+local function tw_shard(tag)
+  return tonumber(string.match(tag, ':(%d+)}:$'))
+end
+
+-- Redis's clock in epoch ms, held at the shard's high-water mark as the tick holds it.
+local function tw_now(tag)
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local hwm = tonumber(redis.call('HGET', tag .. 'meta', 'hwm')) or 0
+  return math.max(now, hwm)
+end
+
+-- Epoch ms as UTC ISO 8601 with milliseconds; '-' for none.
+local function tw_iso(ms)
+  ms = tonumber(ms)
+  if ms == nil then
+    return '-'
+  end
+  local s = math.floor(ms / 1000)
+  local frac = ms - s * 1000
+  local days = math.floor(s / 86400)
+  local rem = s - days * 86400
+  -- civil date from days since 1970-01-01 (proleptic Gregorian)
+  local z = days + 719468
+  local era = math.floor(z / 146097)
+  local doe = z - era * 146097
+  local yoe = math.floor((doe - math.floor(doe / 1460) + math.floor(doe / 36524)
+    - math.floor(doe / 146096)) / 365)
+  local doy = doe - (365 * yoe + math.floor(yoe / 4) - math.floor(yoe / 100))
+  local mp = math.floor((5 * doy + 2) / 153)
+  local day = doy - math.floor((153 * mp + 2) / 5) + 1
+  local month = mp < 10 and mp + 3 or mp - 9
+  local year = yoe + era * 400 + (month <= 2 and 1 or 0)
+  return string.format('%04d-%02d-%02dT%02d:%02d:%02d.%03dZ', year, month, day,
+    math.floor(rem / 3600), math.floor(rem % 3600 / 60), rem % 60, frac)
+end
+
+-- A number as an integer field; '-' for none.
+local function tw_int(v)
+  v = tonumber(v)
+  if v == nil then
+    return '-'
+  end
+  return string.format('%d', v)
+end
+
+-- A text value on one line: control characters escaped; '-' for none or empty.
+local function tw_text(v)
+  if v == nil or v == false or v == '' then
+    return '-'
+  end
+  return (string.gsub(tostring(v), '%c', function(c)
+    return string.format('\\x%02x', string.byte(c))
+  end))
+end
+
+-- Where a run's record lives (lua/lib/record.lua run_place): body hash key and field.
+local function tw_body(tag, run_id)
+  local task_id, rest = string.match(run_id, '^([^@]+)(.*)$')
+  return tag .. 't:' .. string.sub(task_id, -2), string.sub(task_id, 4, -3) .. rest
+end
+
+-- Record field positions and state names (lua/lib/record.lua, timewheel/types.py).
+local R_STATE, R_ATTEMPT, R_DUE, R_TENANT, R_QUEUE, R_CREATED = 1, 2, 3, 4, 5, 6
+local R_PAYLOAD, R_OPTS, R_UPDATED, R_ERROR, R_SCHEDULE, R_DEAD = 7, 8, 9, 10, 11, 12
+local TW_STATES = { [0] = 'scheduled', 'dispatched', 'succeeded', 'cancelled', 'dead',
+  'skipped' }
+
+-- A run's record as stored (its msgpack values in a table), or nil.
+local function tw_record(tag, run_id)
+  local bkey, field = tw_body(tag, run_id)
+  local raw = redis.call('HGET', bkey, field)
+  if not raw then
+    return nil
+  end
+  return { cmsgpack.unpack(raw) }
+end
+
+-- Whether a run stored as scheduled has been sent (lua/lib/record.lua record_sent): due
+-- before the shard's promoted_until, out of its tenant's near level, not held back by
+-- its schedule.
+local function tw_sent(tag, run_id, r)
+  local promoted = tonumber(redis.call('HGET', tag .. 'meta', 'promoted_until')) or 0
+  if r[R_DUE] >= promoted or redis.call('ZSCORE', tag .. 'near:' .. r[R_TENANT], run_id) then
+    return false
+  end
+  return not (r[R_SCHEDULE] and redis.call('HGET', tag .. 's:' .. r[R_SCHEDULE], 'held') == run_id)
+end
+
+-- A far bucket's runs due by `now` and the earliest due time among them, read from their
+-- records; nil for a bucket of more than `most` runs (those are not read).
+local function tw_bucket_due(tag, start, now, most)
+  local bkey = tag .. 'w:' .. start
+  if redis.call('HLEN', bkey) > most then
+    return nil
+  end
+  local prefix = string.format('%03x', tw_shard(tag))
+  local fields = redis.call('HKEYS', bkey)
+  local due, earliest = 0, nil
+  for _, member in ipairs(fields) do
+    local r = tw_record(tag, prefix .. member)
+    if r then
+      if r[R_DUE] <= now then
+        due = due + 1
+      end
+      if earliest == nil or r[R_DUE] < earliest then
+        earliest = r[R_DUE]
+      end
+    end
+  end
+  return due, earliest
+end
+
+-- One line of space-separated fields.
+local function tw_line(...)
+  return table.concat({ ... }, ' ')
+end
