@@ -144,6 +144,26 @@ async def test_invalid_schedules_get_422_naming_the_field(
     assert_error(await client.post("/v1/schedules", json=body), 422, "invalid", field)
 
 
+async def test_a_patch_that_pauses_and_fails_changes_nothing(client: httpx.AsyncClient) -> None:
+    """The PATCH pauses, then changes: a change that cannot work answers before the pause."""
+    sid = (await client.post("/v1/schedules", json={"every_s": 60})).json()["id"]
+    before = (await client.get(f"/v1/schedules/{sid}")).json()
+    for body, status, field in [
+        ({"paused": True, "cron": "61 * * * *"}, 422, "cron"),
+        ({"paused": True, "timezone": "Mars/Olympus"}, 422, "timezone"),
+        (
+            {"paused": True, "start_at": "2027-01-02T00:00:00Z", "end_at": "2027-01-01T00:00:00Z"},
+            422,
+            "end_at",
+        ),
+        ({"paused": True, "payload": "x" * 70_000}, 413, "payload"),
+    ]:
+        resp = await client.patch(f"/v1/schedules/{sid}", json=body)
+        assert_error(resp, status, "payload_too_large" if status == 413 else "invalid", field)
+    after = (await client.get(f"/v1/schedules/{sid}")).json()
+    assert after["state"] == "active" and after == before
+
+
 async def test_jitter_delays_each_run_by_the_schedules_own_offset(
     client: httpx.AsyncClient,
 ) -> None:

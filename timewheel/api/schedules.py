@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from msgspec import UNSET
 from starlette.responses import JSONResponse, Response
 
 from timewheel.api import schedule_schemas as S
@@ -9,6 +10,7 @@ from timewheel.api.endpoints import Call, Endpoint
 from timewheel.api.fields import ms
 from timewheel.api.tasks import check_tenant_payload, event_json
 from timewheel.archive.history import schedule_history
+from timewheel.errors import InvalidState
 from timewheel.schedules import listing as schedulelist
 from timewheel.schedules.model import ScheduleChanges
 
@@ -45,8 +47,17 @@ async def update_schedule(call: Call) -> Response:
     data = call.body(S.SchedulePatch)
     changes = S.schedule_changes(data)
     if changes.payload_json is not None:
+        engine.tasks.check_payload(changes.payload_json)
         check_tenant_payload(tenant, changes.payload_json)
     paused = data.paused
+    if paused is not UNSET and changes != ScheduleChanges():
+        # Several writes: the checks of the last one come before the first.
+        current = await engine.schedules.get(tenant.id, sid)
+        new_timing = S.timing(data)
+        if new_timing is not None:
+            new_timing(current.spec)  # InvalidSchedule before anything is written
+        if paused is False and current.state == "ended":
+            raise InvalidState(sid, current.state, "resume")
     schedule = None
     if paused is True:
         schedule = await engine.schedules.pause(tenant.id, sid)
