@@ -21,7 +21,6 @@ import msgspec.inspect as mi
 from timewheel.api.fields import PRINTABLE
 from timewheel.errors import ValidationError
 
-T = TypeVar("T")
 S = TypeVar("S", bound=msgspec.Struct)
 
 _AT = re.compile(r"^(?P<what>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.DOTALL)
@@ -77,17 +76,17 @@ class QueryDecoder(Generic[S]):
         self.kind = kind
         info = mi.type_info(kind)
         assert isinstance(info, mi.StructType)
-        self._fields = [(f.encode_name, _is_int(f.type)) for f in info.fields]
+        self._fields = [(f.encode_name, f.type) for f in info.fields]
 
     def decode(self, params: Mapping[str, str]) -> S:
         data: dict[str, object] = {}
-        for name, integer in self._fields:
+        for name, t in self._fields:
             raw = params.get(name)
             if not raw:
                 continue
-            if integer:
+            if _is_int(t):
                 if not _DIGITS.fullmatch(raw):
-                    raise invalid(self.kind, f"Expected `int` - at `$.{name}`", None)
+                    raise ValidationError(_must(name, t), field=name)
                 data[name] = int(raw)
             else:
                 data[name] = raw
