@@ -213,6 +213,35 @@ def operation_lines(method: str, path: str, op: Schema) -> list[str]:
     return lines
 
 
+CHECKS = [
+    "## How requests are checked",
+    "",
+    "Each request body and query string is one declaration in the code (a msgspec `Struct`),",
+    "the source of both this page and the checks. Nothing is written before a request has",
+    "passed them: a 4xx answer means nothing was changed.",
+    "",
+    "- A body is read by a strict JSON decoder. Text that is not JSON, `NaN`, `Infinity` and",
+    "  `-Infinity` anywhere in it included, is a 400 `malformed_json`, as is a body that is",
+    '  not an object. Nothing is coerced: `"5"` is not a number, `true` is not an integer.',
+    "- A field of the wrong type or outside its bounds is a 422 `invalid` whose `field` is its",
+    "  dotted path (`retry.max_attempts`); an integer of hundreds of digits or a number past",
+    "  a float's range (`1e400`) is outside every bound. The payload keeps integers exactly,",
+    "  up to 4,300 digits; a number past that, or past a float's range, is a 422 naming",
+    "  `payload`. A body field not listed is refused; a query parameter not listed is",
+    "  ignored.",
+    "- Strings other than the payload hold no control characters (U+0000-U+001F, U+007F).",
+    "  Every pattern ends in `$(?!\\n)`: the end of the text (in Python a bare `$` also",
+    "  matches before a final newline).",
+    "- Integer query parameters are ASCII digits only: `limit=²` or a full-width digit is a",
+    "  422 naming `limit`.",
+    "- Times are RFC 3339 with an offset, between 2000 and 2100; `expires_at` is after the",
+    "  time the task is due.",
+    "- A batch answers every item on its own: an item's error names the field within the",
+    "  item (`delay`), or `tasks[<i>]` for an item that is not an object. A batch body that",
+    "  is not JSON is refused whole.",
+]
+
+
 def http_page() -> str:
     doc = document(ENDPOINTS)
     ops = [(path, method, op) for path, item in doc["paths"].items() for method, op in item.items()]
@@ -222,8 +251,9 @@ def http_page() -> str:
         "# HTTP API reference",
         "",
         "Every endpoint of the API, from the OpenAPI 3.1 document each api process serves at",
-        "`/openapi.json`. Request bodies are checked against exactly these field specs. For",
-        "how to use them see the [concepts](../concepts/tasks.md) and [guides](../README.md).",
+        "`/openapi.json`. Request bodies and query strings are checked against exactly these",
+        "declarations (see [how requests are checked](#how-requests-are-checked)). For how to",
+        "use them see the [concepts](../concepts/tasks.md) and [guides](../README.md).",
         "",
         "Authentication: `Authorization: Bearer <key>`. A tenant's key sees only that tenant's",
         "tasks, schedules and dead letters: another tenant's id answers 404, exactly like an",
@@ -238,7 +268,7 @@ def http_page() -> str:
             if not status.startswith("2"):
                 reasons[status] = response["description"]
     lines += table(["status", "when"], [[s, reasons[s]] for s in sorted(reasons)])
-    lines += ["", "`Error` fields:", "", *schema_block(error), "", "## Endpoints", ""]
+    lines += ["", "`Error` fields:", "", *schema_block(error), "", *CHECKS, "", "## Endpoints", ""]
     rows = [
         [f"[`{m.upper()} {p}`](#{slug(f'{m.upper()} {p}')})", op["summary"], who(op)]
         for p, m, op in ops

@@ -21,6 +21,7 @@ from timewheel.store.shard import Store
 from timewheel.testing.api import assert_error, tenant_headers
 from timewheel.testing.clock import FakeClock
 from timewheel.testing.dispatch import prime, tick_all
+from timewheel.testing.settings import test_settings
 
 
 @pytest.fixture
@@ -30,6 +31,23 @@ async def client(standalone_engine: Engine) -> AsyncIterator[httpx.AsyncClient]:
     headers = await tenant_headers(standalone_engine, "default")
     async with httpx.AsyncClient(transport=transport, base_url="http://tw", headers=headers) as c:
         yield c
+
+
+@pytest.fixture
+async def admin(standalone_url: str) -> AsyncIterator[httpx.AsyncClient]:
+    """A client of the admin endpoints (the bootstrap admin key)."""
+    engine = await Engine.connect(test_settings(standalone_url, admin_key="tw_admin_test"))
+    transport = httpx.ASGITransport(
+        app=create_app(engine.settings, engine=engine), raise_app_exceptions=False
+    )
+    headers = {"Authorization": "Bearer tw_admin_test"}
+    try:
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://tw", headers=headers
+        ) as c:
+            yield c
+    finally:
+        await engine.close()
 
 
 def in_future(seconds: float) -> str:
@@ -185,6 +203,68 @@ async def test_tenants_do_not_see_each_other(
             "payload_too_large",
             "payload",
         ),
+        # Not JSON: the stdlib took NaN and Infinity; they are not JSON and never stored.
+        (b'{"delay": NaN}', 400, "malformed_json", None),
+        (b'{"delay": 1, "payload": {"x": [1, Infinity]}}', 400, "malformed_json", None),
+        (b'{"delay": 1, "payload": -Infinity}', 400, "malformed_json", None),
+        (b'{"delay": 1, "retry": {"factor": NaN}}', 400, "malformed_json", None),
+        # Numbers past any range are the field's error, never an overflow.
+        (b'{"delay": 1' + b"0" * 400 + b"}", 422, "invalid", "delay"),
+        (b'{"delay": 1, "window_s": 1' + b"0" * 400 + b"}", 422, "invalid", "window_s"),
+        (
+            b'{"delay": 1, "visibility_timeout_s": -1' + b"0" * 400 + b"}",
+            422,
+            "invalid",
+            "visibility_timeout_s",
+        ),
+        (b'{"delay": 1e999}', 422, "invalid", "delay"),
+        (
+            b'{"delay": 1, "retry": {"max_attempts": 1' + b"0" * 400 + b"}}",
+            422,
+            "invalid",
+            "retry.max_attempts",
+        ),
+        (b'{"delay": 1, "payload": [1e400]}', 422, "invalid", "payload"),
+        (b'{"delay": 1, "payload": ' + b"1" * 5000 + b"}", 422, "invalid", "payload"),
+        # Control characters, in any string but the payload.
+        (b'{"run_at": "2026-11-29T17:00:00Z\\u0000"}', 422, "invalid", "run_at"),
+        (b'{"delay": 1, "queue": "evals\\n"}', 422, "invalid", "queue"),
+        (b'{"delay": 1, "queue": "ev\\u007fals"}', 422, "invalid", "queue"),
+        (b'{"delay": 1, "idempotency_key": "k\\u0000"}', 422, "invalid", "idempotency_key"),
+        (b'{"delay": 1, "idempotency_key": "k\\n"}', 422, "invalid", "idempotency_key"),
+        (b'{"delay": 1, "idempotency_key": "k\\u001f1"}', 422, "invalid", "idempotency_key"),
+        # expires_at after the time the run is due.
+        (
+            json.dumps(
+                {"run_at": "2030-01-01T00:00:00Z", "expires_at": "2030-01-01T00:00:00Z"}
+            ).encode(),
+            422,
+            "invalid",
+            "expires_at",
+        ),
+        (
+            json.dumps(
+                {"run_at": "2030-01-02T00:00:00Z", "expires_at": "2030-01-01T00:00:00Z"}
+            ).encode(),
+            422,
+            "invalid",
+            "expires_at",
+        ),
+        (
+            json.dumps({"delay": 3600, "expires_at": in_future(60)}).encode(),
+            422,
+            "invalid",
+            "expires_at",
+        ),
+        (
+            json.dumps({"delay": 1, "retry": {"max_attempts": 2.5}}).encode(),
+            422,
+            "invalid",
+            "retry.max_attempts",
+        ),
+        (json.dumps({"delay": 1, "retry": {"zz": 1}}).encode(), 422, "invalid", "retry.zz"),
+        (json.dumps({"delay": 1, "retry": []}).encode(), 422, "invalid", "retry"),
+        (json.dumps({"delay": None}).encode(), 422, "invalid", "delay"),
     ],
 )
 async def test_bad_create_input_gets_a_json_4xx(
@@ -194,6 +274,31 @@ async def test_bad_create_input_gets_a_json_4xx(
         "/v1/tasks", content=body, headers={"content-type": "application/json"}
     )
     assert_error(resp, status, code, field)
+    assert (await client.get("/v1/tasks")).json()["items"] == []  # nothing was written
+    message = resp.json()["error"]["message"]
+    for internal in ("Traceback", "Struct", "Unset", "msgspec", "Error", "`"):
+        assert internal not in message, message
+
+
+async def test_a_task_that_expires_after_its_due_time_is_taken(client: httpx.AsyncClient) -> None:
+    resp = await client.post("/v1/tasks", json={"delay": 60, "expires_at": in_future(120)})
+    assert resp.status_code == 201, resp.text
+    made = await client.post(
+        "/v1/tasks",
+        json={"run_at": "2030-01-01T00:00:00Z", "expires_at": "2030-01-01T00:00:00.001Z"},
+    )
+    assert made.status_code == 201, made.text
+    assert made.json()["expires_at_ms"] == _ms("2030-01-01T00:00:00.001Z")
+
+
+async def test_big_integers_in_a_payload_are_kept_exactly(client: httpx.AsyncClient) -> None:
+    big = 10**400 + 1
+    resp = await client.post(
+        "/v1/tasks", content=b'{"delay": 60, "payload": {"n": ' + str(big).encode() + b"}}"
+    )
+    assert resp.status_code == 201, resp.text
+    got = await client.get(f"/v1/tasks/{resp.json()['id']}")
+    assert got.json()["payload"] == {"n": big}
 
 
 async def test_oversized_body_is_refused_without_reading_it(client: httpx.AsyncClient) -> None:
@@ -210,6 +315,21 @@ async def test_bad_patch_and_key_input(client: httpx.AsyncClient) -> None:
     assert_error(
         await client.patch(f"/v1/tasks/{task['id']}", content=b"nope"), 400, "malformed_json"
     )
+    for body, status, code, field in [
+        (b'{"payload": NaN}', 400, "malformed_json", None),
+        (b'{"payload": {"a": [Infinity]}}', 400, "malformed_json", None),
+        (b'{"delay": -Infinity}', 400, "malformed_json", None),
+        (b'{"delay": 1' + b"0" * 400 + b"}", 422, "invalid", "delay"),
+        (b'{"run_at": "2026-11-29T17:00:00Z\\u0000"}', 422, "invalid", "run_at"),
+        (b'{"run_at": "2026-11-29T17:00:00Z", "delay": 1}', 422, "invalid", "delay"),
+    ]:
+        resp = await client.patch(f"/v1/tasks/{task['id']}", content=body)
+        assert_error(resp, status, code, field)
+    assert (await client.get(f"/v1/tasks/{task['id']}")).json() == task  # unchanged
+    bad_key = await client.post(
+        "/v1/tasks", json={"delay": 60}, headers={"Idempotency-Key": "k\tey"}
+    )
+    assert_error(bad_key, 422, "invalid", "idempotency_key")
     resp = await client.get(f"/v1/tasks/{task['id']}", headers={"Authorization": "Bearer nope"})
     assert_error(resp, 401, "unauthorized")
     assert_error(await client.put(f"/v1/tasks/{task['id']}", json={}), 405, "method_not_allowed")
@@ -242,6 +362,73 @@ async def test_batch_create_answers_per_item(client: httpx.AsyncClient) -> None:
     assert_error(await client.post("/v1/tasks/batch", json={"tasks": []}), 422, "invalid", "tasks")
     too_many = {"tasks": [{"delay": 1}] * 1001}
     assert_error(await client.post("/v1/tasks/batch", json=too_many), 422, "invalid", "tasks")
+
+
+async def test_hostile_batch_items_answer_apart_and_a_nan_refuses_the_whole_body(
+    client: httpx.AsyncClient,
+) -> None:
+    items = [
+        b'{"delay": 60}',
+        b'{"delay": 1' + b"0" * 400 + b"}",
+        b'{"delay": 60, "queue": "q\\u0000"}',
+        b'{"run_at": "2026-11-29T17:00:00Z\\u0000"}',
+        b'{"delay": 60, "retry": {"max_attempts": 0}}',
+        b'{"delay": 60, "payload": [1e400]}',
+        b"[]",
+    ]
+    resp = await client.post("/v1/tasks/batch", content=b'{"tasks": [' + b",".join(items) + b"]}")
+    assert resp.status_code == 200, resp.text
+    results = resp.json()["results"]
+    assert [r["status"] for r in results] == [201, 422, 422, 422, 422, 422, 422]
+    fields = [r["error"]["field"] for r in results[1:]]
+    assert fields == ["delay", "queue", "run_at", "retry.max_attempts", "payload", "tasks[6]"]
+    listed = (await client.get("/v1/tasks")).json()["items"]
+    assert [t["id"] for t in listed] == [results[0]["task"]["id"]]  # only the good one
+    for poisoned in (
+        b'{"tasks": [{"delay": 60}, {"delay": NaN}]}',
+        b'{"tasks": [{"delay": 60, "payload": Infinity}]}',
+        b'{"tasks": [{"delay": 60}], "extra": -Infinity}',
+    ):
+        assert_error(await client.post("/v1/tasks/batch", content=poisoned), 400, "malformed_json")
+    assert_error(
+        await client.post("/v1/tasks/batch", json={"tasks": [{"delay": 1}], "x": 1}),
+        422,
+        "invalid",
+        "x",
+    )
+    assert len((await client.get("/v1/tasks")).json()["items"]) == 1  # nothing more written
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "field"),
+    [
+        (b'{"id": "acme", "limits": {"dispatch_rate": NaN}}', 400, None),
+        (
+            b'{"id": "acme", "limits": {"max_pending": 1' + b"0" * 400 + b"}}",
+            422,
+            "limits.max_pending",
+        ),
+        (b'{"id": "acme", "limits": {"dispatch_rate": 1e400}}', 422, "limits.dispatch_rate"),
+        (b'{"id": "acme\\n"}', 422, "id"),
+        (b'{"id": "acme", "limits": {"max_payload_bytes": 1.5}}', 422, "limits.max_payload_bytes"),
+        (b'{"id": "acme", "limits": {"colour": 1}}', 422, "limits.colour"),
+        (b'{"id": 5, "limits": {}}', 422, "id"),
+    ],
+)
+async def test_bad_tenant_bodies_are_refused_before_anything_is_written(
+    admin: httpx.AsyncClient, body: bytes, status: int, field: str | None
+) -> None:
+    resp = await admin.post("/v1/tenants", content=body)
+    assert_error(resp, status, "malformed_json" if status == 400 else "invalid", field)
+    assert_error(await admin.get("/v1/tenants/acme"), 404, "not_found")
+    assert (await admin.post("/v1/tenants", json={"id": "default"})).status_code == 201
+    patch = await admin.patch("/v1/tenants/default", content=body)
+    assert patch.status_code in (400, 422), patch.text
+    assert (await admin.get("/v1/tenants/default")).json()["limits"] == {
+        "max_payload_bytes": None,
+        "max_pending": None,
+        "dispatch_rate": None,
+    }
 
 
 async def test_run_history_and_dead_letters_over_http(

@@ -136,12 +136,68 @@ async def test_schedule_endpoints(client: httpx.AsyncClient) -> None:
         ({"every_s": 60, "colour": "red"}, "colour"),
         ({"every_s": 60, "jitter_s": -1}, "jitter_s"),
         ({"every_s": 60, "jitter_s": 86_401}, "jitter_s"),
+        ({"cron": "0 * * * *\u0000"}, "cron"),
+        ({"cron": "0 * * * *", "timezone": "UTC\n"}, "timezone"),
+        ({"every_s": 60, "queue": "q\u007f"}, "queue"),
+        ({"every_s": 60, "idempotency_key": "a\u0001b"}, "idempotency_key"),
+        ({"every_s": 60, "start_at": "2027-01-01T00:00:00Z\u0000"}, "start_at"),
+        ({"every_s": 10**400}, "every_s"),
+        ({"every_s": 60, "catchup_window_s": -(10**400)}, "catchup_window_s"),
+        ({"every_s": 60, "max_runs": 10**400}, "max_runs"),
+        ({"every_s": 60, "retry": {"max_s": 10**400}}, "retry.max_s"),
+        ({"every_s": 60, "paused": "yes"}, "paused"),
     ],
 )
 async def test_invalid_schedules_get_422_naming_the_field(
     client: httpx.AsyncClient, body: dict[str, object], field: str
 ) -> None:
     assert_error(await client.post("/v1/schedules", json=body), 422, "invalid", field)
+    assert (await client.get("/v1/schedules")).json()["items"] == []
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"every_s": NaN}',
+        b'{"every_s": 60, "payload": [Infinity]}',
+        b'{"every_s": 60, "jitter_s": -Infinity}',
+        b'{"colour": "red", "every_s": NaN}',
+    ],
+)
+async def test_schedule_bodies_that_are_not_json_are_400(
+    client: httpx.AsyncClient, body: bytes
+) -> None:
+    assert_error(await client.post("/v1/schedules", content=body), 400, "malformed_json")
+    sid = (await client.post("/v1/schedules", json={"every_s": 60})).json()["id"]
+    before = (await client.get(f"/v1/schedules/{sid}")).json()
+    assert_error(await client.patch(f"/v1/schedules/{sid}", content=body), 400, "malformed_json")
+    resp = await client.post(
+        f"/v1/schedules/{sid}/backfill",
+        content=b'{"from": "2026-01-01T00:00:00Z", "to": "2026-01-01T01:00:00Z", "x": NaN}',
+    )
+    assert_error(resp, 400, "malformed_json")
+    assert (await client.get(f"/v1/schedules/{sid}")).json() == before
+    assert len((await client.get("/v1/schedules")).json()["items"]) == 1
+
+
+async def test_a_patch_that_pauses_and_fails_changes_nothing(client: httpx.AsyncClient) -> None:
+    """The PATCH pauses, then changes: a change that cannot work answers before the pause."""
+    sid = (await client.post("/v1/schedules", json={"every_s": 60})).json()["id"]
+    before = (await client.get(f"/v1/schedules/{sid}")).json()
+    for body, status, field in [
+        ({"paused": True, "cron": "61 * * * *"}, 422, "cron"),
+        ({"paused": True, "timezone": "Mars/Olympus"}, 422, "timezone"),
+        (
+            {"paused": True, "start_at": "2027-01-02T00:00:00Z", "end_at": "2027-01-01T00:00:00Z"},
+            422,
+            "end_at",
+        ),
+        ({"paused": True, "payload": "x" * 70_000}, 413, "payload"),
+    ]:
+        resp = await client.patch(f"/v1/schedules/{sid}", json=body)
+        assert_error(resp, status, "payload_too_large" if status == 413 else "invalid", field)
+    after = (await client.get(f"/v1/schedules/{sid}")).json()
+    assert after["state"] == "active" and after == before
 
 
 async def test_jitter_delays_each_run_by_the_schedules_own_offset(

@@ -4,11 +4,8 @@ type, body schema, headers). Bounded: MAX_EXAMPLES per operation."""
 
 from __future__ import annotations
 
-import secrets
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import (
@@ -36,19 +33,6 @@ CHECKS = [
 schema = schemathesis.openapi.from_dict(document(ENDPOINTS))
 
 
-@pytest.fixture(scope="module")
-def keys(api_server: ApiServer) -> Iterator[dict[str, str]]:
-    """An admin key and a key of a fresh tenant with a few tasks."""
-    tenant = f"fuzz-{secrets.token_hex(3)}"
-    with Client(api_server.url, api_server.admin_key) as admin:
-        admin.create_tenant(tenant, max_pending=1000)
-        key = admin.create_key(tenant)["key"]
-    with Client(api_server.url, key) as tw:
-        for _ in range(3):
-            tw.create_task(delay=600, payload={"n": 1})
-    yield {"admin": api_server.admin_key, "tenant": key}
-
-
 @schema.parametrize()
 @settings(
     max_examples=MAX_EXAMPLES,
@@ -56,10 +40,10 @@ def keys(api_server: ApiServer) -> Iterator[dict[str, str]]:
     suppress_health_check=list(HealthCheck),
 )
 def test_no_5xx_and_answers_match_the_document(
-    case: schemathesis.Case[Any], api_server: ApiServer, keys: dict[str, str]
+    case: schemathesis.Case[Any], api_server: ApiServer, fuzz_keys: dict[str, str]
 ) -> None:
     tags = case.operation.definition.raw.get("tags", [])
-    key = keys["admin"] if "admin" in tags else keys["tenant"]
+    key = fuzz_keys["admin"] if "admin" in tags else fuzz_keys["tenant"]
     case.call_and_validate(
         base_url=api_server.url,
         headers={"Authorization": f"Bearer {key}"},

@@ -1,61 +1,61 @@
-"""What every resource of the HTTP API shares: the JSON body parser, the retry policy,
-times, events, error and page shapes.
+"""What every resource of the HTTP API shares: the retry policy, the page size, the
+payload's JSON text, and the error, event and page shapes of the answers.
 
-Each resource module (api/tasks.py, schedules, dead_letters, tenants, ops) declares its
-bodies and query strings as field specs (timewheel/api/spec.py): the handlers parse
-with them and the OpenAPI document is generated from the same objects. Response shapes
-are JSON Schema (they are produced, not parsed).
+Request bodies and query strings are msgspec.Struct declarations (api/fields.py); the
+answers are produced by the handlers, so their shapes are JSON Schema here.
 """
 
 from __future__ import annotations
 
-import json
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from timewheel.api.spec import (
-    Integer,
-    IntText,
-    Number,
-    Obj,
-    OneOf,
-    Param,
-    Schema,
-)
-from timewheel.errors import ValidationError
-from timewheel.types import JSONValue
+import msgspec
+from msgspec import UNSET, Meta
 
-JITTERS = ("full", "proportional", "none")
+from timewheel.api.fields import Maybe, Schema
+
+Jitter = Literal["full", "proportional", "none"]
 
 
-def parse_json_object(body: bytes) -> dict[str, Any]:
-    """The request body as a JSON object, or a ValidationError with code malformed_json."""
-    try:
-        value = json.loads(body)
-    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
-        raise ValidationError(f"body is not valid JSON: {exc}", code="malformed_json") from None
-    if not isinstance(value, dict):
-        raise ValidationError("body must be a JSON object", code="malformed_json")
-    return value
+class RetryPolicy(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """retry policy; missing fields take the deployment's defaults"""
+
+    max_attempts: Maybe[
+        Annotated[int, Meta(ge=1, le=1000, description="attempts before the run is dead-lettered")]
+    ] = UNSET
+    initial_s: Maybe[
+        Annotated[float, Meta(ge=0.001, le=86400, description="backoff before the second attempt")]
+    ] = UNSET
+    factor: Maybe[
+        Annotated[float, Meta(ge=1, le=100, description="backoff multiplier per attempt")]
+    ] = UNSET
+    max_s: Maybe[
+        Annotated[float, Meta(ge=0.001, le=30 * 86400, description="cap of one backoff")]
+    ] = UNSET
+    jitter: Maybe[Jitter] = UNSET
 
 
-RETRY = Obj(
-    {
-        "max_attempts": Integer(1, 1000, "attempts before the run is dead-lettered"),
-        "initial_s": Number(0.001, 86400.0, "backoff before the second attempt"),
-        "factor": Number(1.0, 100.0, "backoff multiplier per attempt"),
-        "max_s": Number(0.001, 30 * 86400.0, "cap of one backoff"),
-        "jitter": OneOf(JITTERS),
-    },
-    title="RetryPolicy",
-    description="retry policy; missing fields take the deployment's defaults",
-)
-
-PAGE_SIZE = Param(IntText(1, 1000, "page size (default 100)"), "100")
+PageSize = Annotated[int, Meta(ge=1, le=1000, description="page size (default 100)")]
 """The `limit` of every listing."""
 
+Cursor = Annotated[
+    str,
+    Meta(min_length=1, max_length=64, extra={"message": "cursor is not one this API gave out"}),
+]
+"""The `cursor` of a listing (each listing adds the pattern of its own cursors)."""
 
-def payload_json(value: JSONValue) -> str:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+_encode = msgspec.json.Encoder().encode
+
+
+def payload_json(value: Any) -> str:
+    """A payload as the JSON text stored with the task (compact, UTF-8)."""
+    return _encode(value).decode()
+
+
+def builtins(value: msgspec.Struct) -> dict[str, Any]:
+    """A decoded object as plain JSON values, without the fields it was not given."""
+    out: dict[str, Any] = msgspec.to_builtins(value)
+    return out
 
 
 # -- responses (documentation only: the handlers build them) --------------------------

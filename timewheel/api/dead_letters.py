@@ -4,23 +4,26 @@ response shapes, and their rows of the endpoint table."""
 from __future__ import annotations
 
 import json
+from typing import Annotated
 
+from msgspec import UNSET, Meta
 from starlette.responses import JSONResponse, Response
 
-from timewheel.api.common import PAGE_SIZE, TIME, page_schema
+from timewheel.api.common import TIME, Cursor, PageSize, page_schema
 from timewheel.api.endpoints import Call, Endpoint
-from timewheel.api.spec import Param, Query, Schema, Text
+from timewheel.api.fields import END, Maybe, Query, Schema
 from timewheel.runs import dead_letters as deadletters
 from timewheel.types import ms_to_rfc3339
 
-DEAD_PAGE = Query(
-    {
-        "limit": PAGE_SIZE,
-        "cursor": Param(
-            Text(1, 64, r"\d{1,4}-\d{1,20}-\d{1,20}", "cursor is not one this API gave out")
-        ),
-    }
-)
+
+class DeadLetterQuery(Query):
+    """The page of the dead-letter list."""
+
+    limit: PageSize = 100
+    cursor: Maybe[Annotated[Cursor, Meta(pattern="^[0-9]{1,4}-[0-9]{1,20}-[0-9]{1,20}" + END)]] = (
+        UNSET
+    )
+
 
 DEAD_PAGE_OUT = page_schema(
     "DeadLetterPage",
@@ -53,8 +56,9 @@ PURGE_OUT: Schema = {
 
 
 async def list_dead_letters(call: Call) -> Response:
+    q = call.query(DeadLetterQuery)
     items, next_cursor = await deadletters.list_dead(
-        call.engine.store, call.tenant_id, limit=call.query["limit"], after=call.query["cursor"]
+        call.engine.store, call.tenant_id, limit=q.limit, after=q.cursor or None
     )
     return JSONResponse(
         {
@@ -91,7 +95,7 @@ async def purge_dead_letter(call: Call) -> Response:
 # fmt: off
 DEAD_LETTER_ENDPOINTS = [
     Endpoint("GET", "/v1/dead-letters", list_dead_letters, "listDeadLetters",
-             "The tenant's dead letters, oldest first", query=DEAD_PAGE,
+             "The tenant's dead letters, oldest first", query=DeadLetterQuery,
              response=DEAD_PAGE_OUT),
     Endpoint("POST", "/v1/dead-letters/{run_id}/replay", replay_dead_letter,
              "replayDeadLetter", "Put a dead run back into the wheel, due now",

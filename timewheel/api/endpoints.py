@@ -1,9 +1,11 @@
 """The endpoint table: one `Endpoint` per (method, path), read by the router and by the
 OpenAPI generator (timewheel/api/openapi.py).
 
-A request goes: authenticate (role) -> read and parse the body with the endpoint's spec ->
-parse the query -> handler(call) -> response; any exception becomes a response in
-timewheel/api/errors.py. Request metrics are counted here, per route template.
+A request goes: authenticate (role) -> read the body and decode it with the endpoint's
+declaration (a msgspec.Struct, api/fields.py) -> decode the query string the same way ->
+handler(call) -> response; any exception becomes a response in timewheel/api/errors.py.
+Nothing is written before the body and the query are checked. Request metrics are
+counted here, per route template.
 
 Adding endpoints: a resource module (timewheel/api/schedules.py, say) exports a list of
 `Endpoint`s and pass it to `create_app(extra_endpoints=...)` or append it to
@@ -15,22 +17,24 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypeVar
 
+import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from timewheel.api import common as schemas
+from timewheel.api.decode import BodyDecoder, QueryDecoder
 from timewheel.api.errors import response_for
+from timewheel.api.fields import Body, Query, Schema
 from timewheel.api.metrics import ApiMetrics
-from timewheel.api.spec import Obj, Query, Schema
 from timewheel.engine import Engine
 from timewheel.errors import Forbidden, NotFound, PayloadTooLarge, Unauthorized
 from timewheel.tenants import ADMIN, TENANT, Principal, Tenant, TenantStore
 
 PUBLIC = "public"
+T = TypeVar("T", bound=msgspec.Struct)
 
 
 @dataclass
@@ -41,11 +45,20 @@ class Call:
     engine: Engine
     store: TenantStore
     principal: Principal | None
-    body: dict[str, Any] = field(default_factory=dict)
-    """The raw JSON object (for handlers that parse items themselves, e.g. batch)."""
-    data: dict[str, Any] = field(default_factory=dict)
-    """The body parsed by the endpoint's spec."""
-    query: dict[str, Any] = field(default_factory=dict)
+    data: msgspec.Struct | None = None
+    """The body, decoded with the endpoint's declaration."""
+    params: msgspec.Struct | None = None
+    """The query string, decoded with the endpoint's declaration."""
+
+    def body(self, kind: type[T]) -> T:
+        """The decoded body, as the endpoint declares it."""
+        assert isinstance(self.data, kind)
+        return self.data
+
+    def query(self, kind: type[T]) -> T:
+        """The decoded query string, as the endpoint declares it."""
+        assert isinstance(self.params, kind)
+        return self.params
 
     @property
     def path(self) -> Mapping[str, str]:
@@ -75,8 +88,8 @@ class Endpoint:
     summary: str
     role: str = TENANT
     """public | tenant (a tenant key) | admin (an admin key)."""
-    body: Obj | None = None
-    query: Query | None = None
+    body: type[Body] | None = None
+    query: type[Query] | None = None
     status: int = 200
     response: Schema = field(default_factory=dict)
     errors: tuple[int, ...] = ()
@@ -88,8 +101,8 @@ class Endpoint:
     """Largest request body; None: twice the deployment's max payload plus 64 KiB."""
 
 
-async def read_json(request: Request, limit: int) -> dict[str, Any]:
-    """The body as a JSON object, refused with 413 past `limit` bytes without reading on."""
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body's bytes, refused with 413 past `limit` bytes without reading on."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLarge(f"request body over {limit} bytes", field="payload")
@@ -99,7 +112,7 @@ async def read_json(request: Request, limit: int) -> dict[str, Any]:
         if size > limit:
             raise PayloadTooLarge(f"request body over {limit} bytes", field="payload")
         chunks.append(chunk)
-    return schemas.parse_json_object(b"".join(chunks))
+    return b"".join(chunks)
 
 
 async def _authorize(store: TenantStore, request: Request, role: str) -> Principal | None:
@@ -127,6 +140,8 @@ class _EndpointApp:
 
     def __init__(self, endpoint: Endpoint):
         self.endpoint = endpoint
+        self.body = None if endpoint.body is None else BodyDecoder(endpoint.body)
+        self.query = None if endpoint.query is None else QueryDecoder(endpoint.query)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         request = Request(scope, receive)
@@ -140,14 +155,13 @@ class _EndpointApp:
         try:
             principal = await _authorize(state.tenant_store, request, endpoint.role)
             call = Call(request, state.engine, state.tenant_store, principal)
-            if endpoint.body is not None:
+            if self.body is not None:
                 limit = endpoint.max_body_bytes or (
                     state.engine.settings.max_payload_bytes * 2 + 65_536
                 )
-                call.body = await read_json(request, limit)
-                call.data = endpoint.body.parse(call.body)
-            if endpoint.query is not None:
-                call.query = endpoint.query.parse(request.query_params)
+                call.data = self.body.decode(await read_body(request, limit))
+            if self.query is not None:
+                call.params = self.query.decode(request.query_params)
             response = await endpoint.handler(call)
         except Exception as exc:
             response = response_for(request, exc)

@@ -1,13 +1,22 @@
-"""The OpenAPI 3.1 document, generated from the endpoint table and its field specs."""
+"""The OpenAPI 3.1 document, generated from the endpoint table and the msgspec
+declarations of its bodies and query strings (msgspec.json.schema_components), with the
+schemas written out in place so each operation reads on its own."""
 
 from __future__ import annotations
 
 import re
+import typing
 from typing import Any
+
+import msgspec
+import msgspec.inspect as mi
 
 from timewheel import __version__
 from timewheel.api import common as schemas
 from timewheel.api.endpoints import PUBLIC, Endpoint
+from timewheel.api.fields import IdempotencyKey, Schema
+
+REF = "#/components/schemas/{name}"
 
 REASONS = {
     400: "the body is not a JSON object (malformed_json); or the HTTP server could not read "
@@ -36,24 +45,23 @@ def _errors(e: Endpoint) -> list[int]:
     return sorted(codes)
 
 
-def _operation(e: Endpoint) -> dict[str, Any]:
+def _operation(e: Endpoint, components: dict[str, Schema]) -> dict[str, Any]:
     op: dict[str, Any] = {"operationId": e.operation_id, "summary": e.summary}
     params: list[dict[str, Any]] = [
         {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
         for name in re.findall(r"{(\w+)}", e.path)
     ]
     if e.query is not None:
-        for name, param in e.query.params.items():
-            params.append(
-                {"name": name, "in": "query", "required": False, "schema": param.spec.documented()}
-            )
-    if e.operation_id in ("createTask", "createTasks"):
+        query = components[e.query.__name__]
+        for name, schema in query["properties"].items():
+            params.append({"name": name, "in": "query", "required": False, "schema": schema})
+    if e.operation_id in ("createTask", "createTasks", "createSchedule"):
         params.append(
             {
                 "name": "Idempotency-Key",
                 "in": "header",
                 "required": False,
-                "schema": {"type": "string", "minLength": 1, "maxLength": 255},
+                "schema": _plain(msgspec.json.schema(IdempotencyKey), {}),
             }
         )
     if params:
@@ -61,7 +69,7 @@ def _operation(e: Endpoint) -> dict[str, Any]:
     if e.body is not None:
         op["requestBody"] = {
             "required": True,
-            "content": {"application/json": {"schema": e.body.documented()}},
+            "content": {"application/json": {"schema": components[e.body.__name__]}},
         }
     if e.response_type == "application/json":
         content = {"application/json": {"schema": e.response}}
@@ -87,11 +95,80 @@ def _operation(e: Endpoint) -> dict[str, Any]:
     return op
 
 
+def request_schemas(endpoints: list[Endpoint]) -> dict[str, Schema]:
+    """The JSON Schema of every body and query declaration, by class name, written out
+    (no $ref), with each body's cross-field rules (anyOf, not, minProperties)."""
+    types = [t for e in endpoints for t in (e.body, e.query) if t is not None]
+    _, components = msgspec.json.schema_components(types, ref_template=REF)
+    for info in mi.multi_type_info(types):
+        _declared_order(info, components, set())
+    for t in types:
+        for rule in getattr(t, "rules", ()):
+            components[t.__name__].update(rule.schema())
+    return {name: _plain(schema, components) for name, schema in components.items()}
+
+
+def _declared_order(t: mi.Type, components: dict[str, Schema], seen: set[str]) -> None:
+    """Enums listed in the order of their declaration (msgspec sorts them)."""
+    while isinstance(t, mi.Metadata):
+        t = t.type
+    if isinstance(t, mi.UnionType):
+        for member in t.types:
+            _declared_order(member, components, seen)
+    if not isinstance(t, mi.StructType) or t.cls.__name__ in seen:
+        return
+    seen.add(t.cls.__name__)
+    properties = components[t.cls.__name__]["properties"]
+    hints = typing.get_type_hints(t.cls, include_extras=True)
+    for f in t.fields:
+        values = _literal(hints[f.name])
+        if values:
+            properties[f.encode_name]["enum"] = values
+        _declared_order(f.type, components, seen)
+
+
+def _literal(hint: Any) -> list[Any]:
+    """The values of the Literal inside an annotation, in their order ([] if none)."""
+    if typing.get_origin(hint) is typing.Literal:
+        return list(typing.get_args(hint))
+    for arg in typing.get_args(hint):
+        values = _literal(arg)
+        if values:
+            return values
+    return []
+
+
+def _plain(schema: Any, components: dict[str, Schema]) -> Any:
+    """`schema` with its $refs replaced by what they name, a nullable type as a type list
+    (`["string", "null"]`), an enum of strings typed, and no empty `required`."""
+    if isinstance(schema, list):
+        return [_plain(item, components) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    if "$ref" in schema:
+        target = components[schema["$ref"].rsplit("/", 1)[-1]]
+        rest = {k: v for k, v in schema.items() if k != "$ref"}
+        return _plain({**target, **rest}, components)
+    out = {k: _plain(v, components) for k, v in schema.items()}
+    alternatives = out.get("anyOf")
+    if isinstance(alternatives, list) and {"type": "null"} in alternatives:
+        others = [a for a in alternatives if a != {"type": "null"}]
+        if len(others) == 1 and isinstance(others[0].get("type"), str):
+            del out["anyOf"]
+            out = {**others[0], **out, "type": [others[0]["type"], "null"]}
+    if "enum" in out and "type" not in out and all(isinstance(v, str) for v in out["enum"]):
+        out = {"type": "string", **out}
+    if out.get("required") == []:
+        del out["required"]
+    return out
+
+
 def document(endpoints: list[Endpoint]) -> dict[str, Any]:
     """The OpenAPI document of these endpoints."""
+    components = request_schemas(endpoints)
     paths: dict[str, dict[str, Any]] = {}
     for e in endpoints:
-        paths.setdefault(e.path, {})[e.method.lower()] = _operation(e)
+        paths.setdefault(e.path, {})[e.method.lower()] = _operation(e, components)
     return {
         "openapi": "3.1.0",
         "info": {"title": "timewheel", "version": __version__},

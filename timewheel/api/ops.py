@@ -8,7 +8,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import JSONResponse, Response
 
 from timewheel.api.endpoints import PUBLIC, Call, Endpoint
-from timewheel.api.spec import Schema
+from timewheel.api.fields import Schema
 from timewheel.errors import TimewheelError
 
 STATUS_OUT: Schema = {"type": "object", "properties": {"status": {"type": "string"}}}

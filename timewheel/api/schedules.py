@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from msgspec import UNSET
 from starlette.responses import JSONResponse, Response
 
 from timewheel.api import schedule_schemas as S
 from timewheel.api.endpoints import Call, Endpoint
+from timewheel.api.fields import ms
 from timewheel.api.tasks import check_tenant_payload, event_json
 from timewheel.archive.history import schedule_history
+from timewheel.errors import InvalidState
 from timewheel.schedules import listing as schedulelist
 from timewheel.schedules.model import ScheduleChanges
 
@@ -15,7 +18,7 @@ from timewheel.schedules.model import ScheduleChanges
 async def create_schedule(call: Call) -> Response:
     engine, tenant = call.engine, await call.tenant()
     new = S.new_schedule(
-        call.data,
+        call.body(S.ScheduleCreate),
         tenant.id,
         default_queue=engine.settings.default_queue,
         idempotency_header=call.request.headers.get("idempotency-key"),
@@ -26,9 +29,9 @@ async def create_schedule(call: Call) -> Response:
 
 
 async def list_schedules(call: Call) -> Response:
-    q = call.query
+    q = call.query(S.ScheduleQuery)
     items, next_cursor = await schedulelist.list_schedules(
-        call.engine.store, call.tenant_id, limit=q["limit"], cursor=q["cursor"]
+        call.engine.store, call.tenant_id, limit=q.limit, cursor=q.cursor or None
     )
     return JSONResponse({"items": [s.to_json() for s in items], "next_cursor": next_cursor})
 
@@ -41,10 +44,20 @@ async def get_schedule(call: Call) -> Response:
 async def update_schedule(call: Call) -> Response:
     engine, tenant = call.engine, await call.tenant()
     sid = call.path["schedule_id"]
-    changes = S.schedule_changes(call.data)
+    data = call.body(S.SchedulePatch)
+    changes = S.schedule_changes(data)
     if changes.payload_json is not None:
+        engine.tasks.check_payload(changes.payload_json)
         check_tenant_payload(tenant, changes.payload_json)
-    paused = call.data.get("paused")
+    paused = data.paused
+    if paused is not UNSET and changes != ScheduleChanges():
+        # Several writes: the checks of the last one come before the first.
+        current = await engine.schedules.get(tenant.id, sid)
+        new_timing = S.timing(data)
+        if new_timing is not None:
+            new_timing(current.spec)  # InvalidSchedule before anything is written
+        if paused is False and current.state == "ended":
+            raise InvalidState(sid, current.state, "resume")
     schedule = None
     if paused is True:
         schedule = await engine.schedules.pause(tenant.id, sid)
@@ -80,8 +93,9 @@ async def trigger_schedule(call: Call) -> Response:
 
 async def backfill_schedule(call: Call) -> Response:
     sid = call.path["schedule_id"]
+    data = call.body(S.Backfill)
     added, existing = await call.engine.schedules.backfill(
-        call.tenant_id, sid, call.data["from"], call.data["to"]
+        call.tenant_id, sid, ms(data.from_), ms(data.to)
     )
     return JSONResponse({"id": sid, "added": added, "existing": existing})
 
@@ -122,14 +136,14 @@ _ONE = "/v1/schedules/{schedule_id}"
 SCHEDULE_ENDPOINTS = [
     Endpoint("POST", "/v1/schedules", create_schedule, "createSchedule",
              "Create a recurring schedule (cron in a time zone, or every N seconds)",
-             body=S.SCHEDULE_CREATE, status=201, response=S.SCHEDULE, extra_statuses=(200,)),
+             body=S.ScheduleCreate, status=201, response=S.SCHEDULE, extra_statuses=(200,)),
     Endpoint("GET", "/v1/schedules", list_schedules, "listSchedules",
              "The tenant's schedules, a page at a time (follow next_cursor until null)",
-             query=S.SCHEDULE_PAGE, response=S.SCHEDULE_PAGE_OUT),
+             query=S.ScheduleQuery, response=S.SCHEDULE_PAGE_OUT),
     Endpoint("GET", _ONE, get_schedule, "getSchedule", "A schedule", response=S.SCHEDULE),
     Endpoint("PATCH", _ONE, update_schedule, "updateSchedule",
              "Change a schedule (its runs not yet sent are replaced at once); pause or resume",
-             body=S.SCHEDULE_PATCH, response=S.SCHEDULE, errors=(409,)),
+             body=S.SchedulePatch, response=S.SCHEDULE, errors=(409,)),
     Endpoint("DELETE", _ONE, delete_schedule, "deleteSchedule",
              "Delete a schedule and its runs not yet sent", response=S.DELETED),
     Endpoint("POST", _ONE + "/pause", pause_schedule, "pauseSchedule",
@@ -140,7 +154,7 @@ SCHEDULE_ENDPOINTS = [
     Endpoint("POST", _ONE + "/trigger", trigger_schedule, "triggerSchedule",
              "One run now (run id <id>@manual-<ms>)", status=201, response=S.TRIGGERED),
     Endpoint("POST", _ONE + "/backfill", backfill_schedule, "backfillSchedule",
-             "A run for every fire time in [from, to] (at most 1,000)", body=S.BACKFILL,
+             "A run for every fire time in [from, to] (at most 1,000)", body=S.Backfill,
              response=S.BACKFILLED),
     Endpoint("GET", _ONE + "/runs", schedule_runs, "getScheduleRuns",
              "The schedule's runs, with their events (event log, then the archive)",

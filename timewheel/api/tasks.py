@@ -7,6 +7,7 @@ import time
 from starlette.responses import JSONResponse, Response
 
 from timewheel.api import task_schemas as schemas
+from timewheel.api.decode import BodyDecoder
 from timewheel.api.endpoints import Call, Endpoint
 from timewheel.api.errors import error_body, status_of
 from timewheel.archive.history import RunEvent, run_history
@@ -47,7 +48,7 @@ def _due_estimate(new: NewTask) -> int:
 async def create_task(call: Call) -> Response:
     engine, tenant = call.engine, await call.tenant()
     new = schemas.new_task(
-        call.data,
+        call.body(schemas.TaskCreate),
         tenant.id,
         default_queue=engine.settings.default_queue,
         idempotency_header=call.request.headers.get("idempotency-key"),
@@ -67,14 +68,14 @@ async def get_task(call: Call) -> Response:
 
 
 async def list_tasks(call: Call) -> Response:
-    q = call.query
+    q = call.query(schemas.TaskQuery)
     items, next_cursor = await tasklist.list_tasks(
         call.engine.store,
         call.tenant_id,
-        queue=q["queue"],
-        state=q["state"],
-        limit=q["limit"],
-        cursor=q["cursor"],
+        queue=q.queue or None,
+        state=q.state or None,
+        limit=q.limit,
+        cursor=q.cursor or None,
     )
     return JSONResponse({"items": [t.to_json() for t in items], "next_cursor": next_cursor})
 
@@ -83,7 +84,7 @@ async def update_task(call: Call) -> Response:
     engine, tenant = call.engine, await call.tenant()
     task_id = call.path["task_id"]
     before = await engine.tasks.get(tenant.id, task_id)
-    run_at_ms, delay_ms, payload_json = schemas.patch_values(call.data)
+    run_at_ms, delay_ms, payload_json = schemas.patch_values(call.body(schemas.TaskPatch))
     if payload_json is not None:
         check_tenant_payload(tenant, payload_json)
     task = await engine.tasks.update(
@@ -101,18 +102,20 @@ async def cancel_task(call: Call) -> Response:
     return JSONResponse(task.to_json())
 
 
+_ITEM = BodyDecoder(schemas.TaskCreate)
+
+
 async def create_batch(call: Call) -> Response:
-    """Up to MAX_BATCH creates; each item answers on its own (status, task or error)."""
+    """Up to MAX_BATCH creates; each item is decoded and answers on its own (status, task
+    or error; an item's error names its field within the item)."""
     engine, tenant = call.engine, await call.tenant()
-    items = call.data["tasks"]
+    items = call.body(schemas.TaskBatch).tasks
     results: list[dict[str, object] | None] = [None] * len(items)
     valid: list[tuple[int, NewTask]] = []
     for i, item in enumerate(items):
         try:
-            if not isinstance(item, dict):
-                raise ValidationError("each task must be a JSON object", field=f"tasks[{i}]")
-            new = schemas.parse_create(
-                item,
+            new = schemas.new_task(
+                _ITEM.decode(item, root=f"tasks[{i}]"),
                 tenant.id,
                 default_queue=engine.settings.default_queue,
                 idempotency_header=None,
@@ -146,16 +149,16 @@ _TASK = "/v1/tasks/{task_id}"
 # fmt: off
 TASK_ENDPOINTS = [
     Endpoint("POST", "/v1/tasks", create_task, "createTask", "Schedule a one-shot task",
-             body=S.CREATE, status=201, response=S.TASK, errors=(429,), extra_statuses=(200,)),
+             body=S.TaskCreate, status=201, response=S.TASK, errors=(429,), extra_statuses=(200,)),
     Endpoint("POST", "/v1/tasks/batch", create_batch, "createTasks",
              "Schedule up to 1,000 tasks (a body of at most 16 MiB); a result per item",
-             body=S.BATCH, response=S.BATCH_OUT, errors=(429,), max_body_bytes=16 << 20),
+             body=S.TaskBatch, response=S.BATCH_OUT, errors=(429,), max_body_bytes=16 << 20),
     Endpoint("GET", "/v1/tasks", list_tasks, "listTasks",
              "The tenant's tasks, filtered, a page at a time (follow next_cursor to null)",
-             query=S.TASK_PAGE, response=S.TASK_PAGE_OUT),
+             query=S.TaskQuery, response=S.TASK_PAGE_OUT),
     Endpoint("GET", _TASK, get_task, "getTask", "A task", response=S.TASK),
     Endpoint("PATCH", _TASK, update_task, "updateTask",
-             "Reschedule and/or replace the payload (while scheduled)", body=S.PATCH,
+             "Reschedule and/or replace the payload (while scheduled)", body=S.TaskPatch,
              response=S.TASK, errors=(409,)),
     Endpoint("DELETE", _TASK, cancel_task, "cancelTask", "Cancel (while scheduled)",
              response=S.TASK, errors=(409,)),

@@ -2,48 +2,58 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
+from msgspec import UNSET, Meta, UnsetType
 from starlette.responses import JSONResponse, Response
 
+from timewheel.api.common import builtins
+from timewheel.api.decode import convert
 from timewheel.api.endpoints import Call, Endpoint
-from timewheel.api.spec import (
-    Integer,
-    Nullable,
-    Number,
-    Obj,
-    Schema,
-    name_spec,
-)
+from timewheel.api.fields import Body, Maybe, Name, Schema
 from timewheel.errors import NotFound, ValidationError
 from timewheel.tenants import ADMIN, Limits
 
-LIMITS = Obj(
-    {
-        "max_payload_bytes": Integer(1, 64 * 1024 * 1024, "at most the deployment's limit"),
-        "max_pending": Integer(1, 10**12, "most scheduled runs (estimate); over it: 429"),
-        "dispatch_rate": Number(0.001, 1e9, "most runs/s dispatched for the tenant; the rest wait"),
-    },
-    title="TenantLimits",
-)
+PayloadBytes = Annotated[
+    int, Meta(ge=1, le=64 * 1024 * 1024, description="at most the deployment's limit")
+]
+Pending = Annotated[
+    int, Meta(ge=1, le=10**12, description="most scheduled runs (estimate); over it: 429")
+]
+Rate = Annotated[
+    float,
+    Meta(ge=0.001, le=1e9, description="most runs/s dispatched for the tenant; the rest wait"),
+]
 
-TENANT_CREATE = Obj(
-    {"id": name_spec("the tenant id"), "limits": LIMITS},
-    required=["id"],
-    title="TenantCreate",
-)
 
-TENANT_PATCH = Obj(
-    {
-        "limits": Obj(
-            {name: Nullable(spec) for name, spec in LIMITS.fields.items()},
-            title="TenantLimitsPatch",
-            description="the limits to change; null clears one (no limit, or the default)",
-        )
-    },
-    required=["limits"],
-    title="TenantUpdate",
-)
+class TenantLimits(Body):
+    """The tenant's limits; a limit left out is the deployment's default (or none)."""
+
+    max_payload_bytes: Maybe[PayloadBytes] = UNSET
+    max_pending: Maybe[Pending] = UNSET
+    dispatch_rate: Maybe[Rate] = UNSET
+
+
+class TenantLimitsPatch(Body):
+    """the limits to change; null clears one (no limit, or the default)"""
+
+    max_payload_bytes: Maybe[PayloadBytes | None] = UNSET
+    max_pending: Maybe[Pending | None] = UNSET
+    dispatch_rate: Maybe[Rate | None] = UNSET
+
+
+class TenantCreate(Body):
+    """A tenant to register."""
+
+    id: Annotated[Name, Meta(description="the tenant id")]
+    limits: Maybe[TenantLimits] = UNSET
+
+
+class TenantUpdate(Body):
+    """The limits to change."""
+
+    limits: TenantLimitsPatch
+
 
 TENANT_OUT: Schema = {
     "title": "Tenant",
@@ -84,13 +94,17 @@ REVOKED_OUT: Schema = {
 def _tenant_id(call: Call) -> str:
     tenant_id = call.path["tenant_id"]
     try:
-        TENANT_CREATE.fields["id"].parse(tenant_id, "tenant")
+        convert(tenant_id, Name, "tenant")
     except ValidationError:  # not a name a tenant can have: unknown, like any other
         raise NotFound(f"tenant {tenant_id!r} not found") from None
     return tenant_id
 
 
-def _check_limits(call: Call, limits: dict[str, Any]) -> dict[str, Any]:
+def _check_limits(
+    call: Call, given: TenantLimits | TenantLimitsPatch | UnsetType
+) -> dict[str, Any]:
+    """The limits given (None: cleared), the payload limit checked against the deployment's."""
+    limits = {} if isinstance(given, UnsetType) else builtins(given)
     max_payload = call.engine.settings.max_payload_bytes
     asked = limits.get("max_payload_bytes")
     if asked is not None and asked > max_payload:
@@ -102,13 +116,14 @@ def _check_limits(call: Call, limits: dict[str, Any]) -> dict[str, Any]:
 
 
 async def create_tenant(call: Call) -> Response:
-    limits = Limits(**_check_limits(call, call.data.get("limits", {})))
-    tenant = await call.store.create_tenant(call.data["id"], limits)
+    data = call.body(TenantCreate)
+    limits = Limits(**_check_limits(call, data.limits))
+    tenant = await call.store.create_tenant(data.id, limits)
     return JSONResponse(tenant.to_json(), status_code=201)
 
 
 async def update_tenant(call: Call) -> Response:
-    changes = _check_limits(call, call.data["limits"])
+    changes = _check_limits(call, call.body(TenantUpdate).limits)
     tenant = await call.store.update_limits(_tenant_id(call), changes)
     return JSONResponse(tenant.to_json())
 
@@ -133,13 +148,13 @@ async def revoke_key(call: Call) -> Response:
 # fmt: off
 TENANT_ENDPOINTS = [
     Endpoint("POST", "/v1/tenants", create_tenant, "createTenant",
-             "Register a tenant with its limits (admin)", role=ADMIN, body=TENANT_CREATE,
+             "Register a tenant with its limits (admin)", role=ADMIN, body=TenantCreate,
              status=201, response=TENANT_OUT, errors=(409,)),
     Endpoint("GET", "/v1/tenants/{tenant_id}", get_tenant, "getTenant",
              "A tenant and its limits (admin)", role=ADMIN, response=TENANT_OUT),
     Endpoint("PATCH", "/v1/tenants/{tenant_id}", update_tenant, "updateTenant",
              "Change some of a tenant's limits; null clears one; applies within 1 s (admin)",
-             role=ADMIN, body=TENANT_PATCH, response=TENANT_OUT),
+             role=ADMIN, body=TenantUpdate, response=TENANT_OUT),
     Endpoint("POST", "/v1/tenants/{tenant_id}/keys", issue_key, "createKey",
              "Issue an API key for the tenant; the key is in this answer only (admin)",
              role=ADMIN, status=201, response=KEY_OUT),
