@@ -95,6 +95,11 @@ class Keys:
         emptied into the per-tenant ones by lua/schedule_due.lua."""
         return self.tag(shard) + "plan"
 
+    def usage(self, shard: int, tenant: str) -> str:
+        """HASH runs, bytes, schedules, q:<queue>: what the tenant holds in this shard,
+        kept by the Lua operations that change it (lua/lib/usage.lua; timewheel/limits.py)."""
+        return f"{self.tag(shard)}use:{tenant}"
+
     def stream(self, shard: int, tenant: str, queue: str) -> str:
         """STREAM of dispatched runs of one (tenant, queue) in one shard."""
         return f"{self.tag(shard)}q:{tenant}:{queue}"
