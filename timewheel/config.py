@@ -45,6 +45,25 @@ class Settings:
     """How long finished task records stay readable (and dedupe idempotent creates)."""
     max_payload_bytes: int = 65_536
     """Largest accepted payload, as encoded JSON text."""
+    tenant_max_pending: int = 10_000_000
+    """A tenant's most runs not finished at once (scheduled, in flight, waiting for a
+    retry), unless its own max_pending says otherwise. 10 M runs with 100-byte payloads
+    are about 2 GB of Redis (193 B/task, docs/benchmarks.md): bounded, yet far past a
+    tenant's normal backlog."""
+    tenant_max_payload_total_bytes: int = 1 << 30
+    """A tenant's most payload bytes held at once (runs not finished, dead letters,
+    schedules), unless its own limit says otherwise: 1 GiB, 16,384 payloads of the
+    largest size, so one tenant cannot fill a Redis of a few GB on its own."""
+    tenant_max_schedules: int = 10_000
+    """A tenant's most schedules, unless its own limit says otherwise: 10,000
+    every-second schedules are what one planner keeps up with on 2 cores."""
+    tenant_max_queues: int = 100
+    """A tenant's most queues in use at once (a queue with runs not finished or with a
+    schedule), unless its own limit says otherwise. Each queue is a ready stream per
+    shard, consumer groups and a reaper scan."""
+    tenant_min_interval_s: float = 1.0
+    """The shortest time between two fire times of a tenant's schedule, unless its own
+    limit says otherwise; 1 s refuses nothing (no schedule fires more often)."""
     default_spread: int = 1
     """How many shards a tenant's tasks use unless the tenant says otherwise."""
     poll_cap_ms: int = 250
@@ -150,6 +169,11 @@ class Settings:
             "plan_batch",
             "plan_interval_ms",
             "archive_batch",
+            "tenant_max_pending",
+            "tenant_max_payload_total_bytes",
+            "tenant_max_schedules",
+            "tenant_max_queues",
+            "tenant_min_interval_s",
         ):
             if getattr(self, name) < 1:
                 raise ConfigError(

@@ -146,11 +146,13 @@ class Forbidden(TimewheelError):
 
 
 class OverLimit(TimewheelError):
-    """Raised when a tenant is over one of its limits; `retry_after_s` says when to retry."""
+    """Raised when a create would put a tenant over one of its limits; `field` names the
+    limit, `retry_after_s` says when to retry (None: only a change of the tenant's own
+    frees it, such as deleting a schedule)."""
 
     code = "over_limit"
 
-    def __init__(self, message: str, *, retry_after_s: int, field: str | None = None):
+    def __init__(self, message: str, *, retry_after_s: int | None, field: str | None = None):
         super().__init__(message)
         self.retry_after_s = retry_after_s
         self.field = field

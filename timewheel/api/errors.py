@@ -73,7 +73,7 @@ def response_for(request: Request, exc: Exception) -> Response:
         if status >= 500:
             log.warning("request_failed", path=request.url.path, error=str(exc))
         headers = None
-        if isinstance(exc, OverLimit):
+        if isinstance(exc, OverLimit) and exc.retry_after_s is not None:
             headers = {"Retry-After": str(exc.retry_after_s)}
         return JSONResponse({"error": error_body(exc)}, status_code=status, headers=headers)
     if isinstance(exc, HTTPException):

@@ -124,7 +124,7 @@ async def _run_dev(args: argparse.Namespace) -> None:
 
 async def _dev_tenant_key(engine: Engine) -> str:
     """Register tenant `default` if it is not, and issue a key for it."""
-    store = TenantStore(engine.client, engine.keys, bucket_ms=engine.settings.bucket_ms)
+    store = TenantStore(engine.client, engine.keys)
     with contextlib.suppress(Conflict):
         await store.create_tenant("default", Limits())
     _, key = await store.issue_key("default")

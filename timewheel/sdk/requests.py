@@ -204,6 +204,10 @@ class TenantLimits(TypedDict, total=False):
     max_payload_bytes: int | None
     max_pending: int | None
     dispatch_rate: float | None
+    max_payload_total_bytes: int | None
+    max_schedules: int | None
+    max_queues: int | None
+    min_interval_s: float | None
 
 
 Schedule = dict[str, Any]

@@ -156,11 +156,6 @@ class Keys:
         """HASH key id -> sha256 hex: a tenant's keys, so one can be revoked by its id."""
         return f"{self.prefix}:tenantkeys:{tenant}"
 
-    def pending(self, tenant: str) -> str:
-        """HASH due-bucket start ms -> count of the tenant's scheduled runs created through
-        the API with that due bucket (the max_pending estimate; timewheel/tenants.py)."""
-        return f"{self.prefix}:pending:{tenant}"
-
     def shard_of_key(self, key: str) -> int:
         """The shard number in a key built here."""
         start = key.index("{") + len(self.prefix) + 2

@@ -88,6 +88,14 @@ class TaskOps:
 
     # -- create ------------------------------------------------------------------------
 
+    def task_id(self, new: NewTask) -> str | None:
+        """The id a create with an idempotency key gives its task (None without one)."""
+        if new.idempotency_key is None:
+            return None
+        token = ids.idempotent_token(new.tenant, new.idempotency_key)
+        s = self.store.settings
+        return ids.make_task_id(ids.shard_for(new.tenant, token, s.default_spread, s.shards), token)
+
     def prepare(self, new: NewTask) -> PreparedCreate:
         """Validate a create and give it its id, shard and task_create.lua values.
 
