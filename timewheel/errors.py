@@ -13,6 +13,7 @@
     ├── Conflict                  the change cannot be made as things are (HTTP 409)
     │   └── InvalidState          the task is not in a state that allows the change
     ├── OverLimit                 the tenant is over one of its limits (HTTP 429)
+    ├── StorageFull               Redis is near its memory ceiling: creates refused (HTTP 507)
     ├── ApiError, TransportError  the SDK's errors (timewheel/sdk/errors.py)
     ├── PostgresUnavailable       PostgreSQL could not be reached or a statement failed
     ├── ValidationError           a request field is malformed (HTTP 400/413/422)
@@ -158,6 +159,20 @@ class OverLimit(TimewheelError):
         self.field = field
 
 
+class StorageFull(TimewheelError):
+    """Raised when a create would write to a Redis node using storage_guard_ratio of its
+    ceiling (maxmemory, or storage_max_bytes if lower). Nothing was written; calls that
+    finish or remove work (dispatch, ack, fail, cancel, delete, purge) are not refused."""
+
+    code = "storage_full"
+
+    def __init__(self, message: str, *, node: str, used_bytes: int, ceiling_bytes: int):
+        super().__init__(message)
+        self.node = node
+        self.used_bytes = used_bytes
+        self.ceiling_bytes = ceiling_bytes
+
+
 # The SDK's errors (what a client of the HTTP API sees) live with the SDK; they are
 # importable from here as well, as users write `from timewheel.errors import ConflictError`.
 from timewheel.sdk.errors import (  # noqa: E402
@@ -170,6 +185,7 @@ from timewheel.sdk.errors import (  # noqa: E402
     PermissionDeniedError,
     RateLimitedError,
     ServerError,
+    StorageFullError,
     TransportError,
     UnprocessableError,
 )
@@ -199,6 +215,8 @@ __all__ = [
     "RestoreRefused",
     "ScriptError",
     "ServerError",
+    "StorageFull",
+    "StorageFullError",
     "TaskNotFound",
     "TimewheelError",
     "TransportError",

@@ -1,5 +1,6 @@
 """Limits without a server: how often a schedule fires at its closest (against a walk over
-its fire times), which limits apply to a tenant, and the refusals."""
+its fire times), which limits apply to a tenant, the refusals, and the storage guard's
+reading of INFO memory."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from timewheel.errors import ConfigError
 from timewheel.limits import Effective, Usage, over, runs_of
 from timewheel.schedules.interval import shortest_interval_s
 from timewheel.schedules.spec import ScheduleSpec
+from timewheel.store.guard import reading_of
 from timewheel.tenants import Limits
 
 
@@ -61,6 +63,8 @@ def test_a_tenants_own_limits_beat_the_deployments_defaults() -> None:
     assert (own.max_pending, own.max_queues, own.min_interval_s) == (100, 3, 60)
     with pytest.raises(ConfigError, match="tenant_max_schedules"):
         Settings(tenant_max_schedules=0)
+    with pytest.raises(ConfigError, match="storage_guard_ratio"):
+        Settings(storage_guard_ratio=1.5)
 
 
 def test_stored_limits_from_another_version_are_read() -> None:
@@ -87,3 +91,17 @@ def test_refusals_name_the_limit_at_the_edge() -> None:
     assert schedules is not None and schedules.field == "max_schedules"
     assert schedules.retry_after_s is None  # only a delete frees it
     assert over(limits, held, Usage(-1, -3, 0, {"a": -1})) is None  # freeing is never refused
+
+
+def test_the_storage_guard_reads_used_memory_as_maxmemory_does() -> None:
+    info = {"used_memory": 1000, "mem_not_counted_for_evict": 100, "maxmemory": 1000}
+    at_90 = reading_of("n", info, Settings())
+    assert (at_90.used_bytes, at_90.ceiling_bytes, at_90.full) == (900, 1000, True)
+    below = reading_of("n", {**info, "used_memory": 999}, Settings())
+    assert not below.full
+    lower = reading_of("n", info, Settings(storage_max_bytes=500))
+    assert (lower.ceiling_bytes, lower.full) == (500, True)
+    unbounded = reading_of("n", {**info, "maxmemory": 0}, Settings())
+    assert (unbounded.ceiling_bytes, unbounded.full) == (0, False)
+    own_only = reading_of("n", {**info, "maxmemory": 0}, Settings(storage_max_bytes=2000))
+    assert (own_only.ceiling_bytes, own_only.full) == (2000, False)

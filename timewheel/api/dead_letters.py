@@ -104,7 +104,7 @@ DEAD_LETTER_ENDPOINTS = [
              response=DEAD_PAGE_OUT),
     Endpoint("POST", "/v1/dead-letters/{run_id}/replay", replay_dead_letter,
              "replayDeadLetter", "Put a dead run back into the wheel, due now",
-             response=REPLAY_OUT, errors=(429,)),
+             response=REPLAY_OUT, errors=(429, 507)),
     Endpoint("DELETE", "/v1/dead-letters/{run_id}", purge_dead_letter, "purgeDeadLetter",
              "Delete a dead run for good", response=PURGE_OUT),
 ]

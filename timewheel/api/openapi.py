@@ -30,6 +30,8 @@ REASONS = {
     429: "the tenant would pass one of its limits (over_limit; field names the limit); "
     "see Retry-After",
     503: "Redis is unavailable (unavailable)",
+    507: "Redis is near its memory ceiling: creates are refused, nothing was written "
+    "(storage_full)",
 }
 
 

@@ -11,7 +11,7 @@ from timewheel.api.fields import ms
 from timewheel.api.tasks import check_tenant_payload, event_json, limiter_of
 from timewheel.archive.history import schedule_history
 from timewheel.engine import Engine
-from timewheel.errors import InvalidState, OverLimit, TaskNotFound
+from timewheel.errors import InvalidState, OverLimit, StorageFull, TaskNotFound
 from timewheel.limits import Usage, check_interval, runs_of
 from timewheel.schedules import listing as schedulelist
 from timewheel.schedules.model import NewSchedule, Schedule, ScheduleChanges
@@ -43,7 +43,7 @@ async def create_schedule(call: Call) -> Response:
     try:
         await limiter.check(tenant, adding)
         schedule, created = await engine.schedules.create(new)
-    except OverLimit:
+    except (OverLimit, StorageFull):
         found = await existing_schedule(engine, new)
         if found is None:
             raise
@@ -211,7 +211,7 @@ _ONE = "/v1/schedules/{schedule_id}"
 SCHEDULE_ENDPOINTS = [
     Endpoint("POST", "/v1/schedules", create_schedule, "createSchedule",
              "Create a recurring schedule (cron in a time zone, or every N seconds)",
-             body=S.ScheduleCreate, status=201, response=S.SCHEDULE, errors=(429,),
+             body=S.ScheduleCreate, status=201, response=S.SCHEDULE, errors=(429, 507),
              extra_statuses=(200,)),
     Endpoint("GET", "/v1/schedules", list_schedules, "listSchedules",
              "The tenant's schedules, a page at a time (follow next_cursor until null)",
@@ -219,7 +219,7 @@ SCHEDULE_ENDPOINTS = [
     Endpoint("GET", _ONE, get_schedule, "getSchedule", "A schedule", response=S.SCHEDULE),
     Endpoint("PATCH", _ONE, update_schedule, "updateSchedule",
              "Change a schedule (its runs not yet sent are replaced at once); pause or resume",
-             body=S.SchedulePatch, response=S.SCHEDULE, errors=(409, 429)),
+             body=S.SchedulePatch, response=S.SCHEDULE, errors=(409, 429, 507)),
     Endpoint("DELETE", _ONE, delete_schedule, "deleteSchedule",
              "Delete a schedule and its runs not yet sent", response=S.DELETED),
     Endpoint("POST", _ONE + "/pause", pause_schedule, "pauseSchedule",
@@ -229,10 +229,10 @@ SCHEDULE_ENDPOINTS = [
              errors=(409,)),
     Endpoint("POST", _ONE + "/trigger", trigger_schedule, "triggerSchedule",
              "One run now (run id <id>@manual-<ms>)", status=201, response=S.TRIGGERED,
-             errors=(429,)),
+             errors=(429, 507)),
     Endpoint("POST", _ONE + "/backfill", backfill_schedule, "backfillSchedule",
              "A run for every fire time in [from, to] (at most 1,000)", body=S.Backfill,
-             response=S.BACKFILLED, errors=(429,)),
+             response=S.BACKFILLED, errors=(429, 507)),
     Endpoint("GET", _ONE + "/runs", schedule_runs, "getScheduleRuns",
              "The schedule's runs, with their events (event log, then the archive)",
              response=S.SCHEDULE_RUNS),

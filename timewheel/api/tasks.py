@@ -13,6 +13,7 @@ from timewheel.engine import Engine
 from timewheel.errors import (
     OverLimit,
     PayloadTooLarge,
+    StorageFull,
     TaskNotFound,
     ValidationError,
 )
@@ -58,7 +59,7 @@ def freed_by(task: Task) -> Usage:
 
 async def existing_task(engine: Engine, new: NewTask) -> Task | None:
     """The task an idempotent create made already (a retry that finds it gets it back,
-    even when a limit would refuse a new one)."""
+    even when a limit or the storage guard would refuse a new one)."""
     task_id = engine.tasks.task_id(new)
     if task_id is None:
         return None
@@ -82,7 +83,7 @@ async def create_task(call: Call) -> Response:
     try:
         await limiter.check(tenant, adding)
         result = await call.request.app.state.creates.create(new)
-    except OverLimit:
+    except (OverLimit, StorageFull):
         found = await existing_task(engine, new)
         if found is None:
             raise
@@ -141,7 +142,8 @@ _ITEM = BodyDecoder(schemas.TaskCreate)
 async def create_batch(call: Call) -> Response:
     """Up to MAX_BATCH creates; each item is decoded and answers on its own (status, task
     or error; an item's error names its field within the item), except that a batch that
-    would pass a limit of the tenant (429) is refused as a whole, with nothing written."""
+    would pass a limit of the tenant (429) or meets the storage guard (507) is refused as
+    a whole, with nothing written."""
     engine, tenant, limiter = call.engine, await call.tenant(), limiter_of(call)
     items = call.body(schemas.TaskBatch).tasks
     results: list[dict[str, object] | None] = [None] * len(items)
@@ -183,11 +185,11 @@ _TASK = "/v1/tasks/{task_id}"
 # fmt: off
 TASK_ENDPOINTS = [
     Endpoint("POST", "/v1/tasks", create_task, "createTask", "Schedule a one-shot task",
-             body=S.TaskCreate, status=201, response=S.TASK, errors=(429,),
+             body=S.TaskCreate, status=201, response=S.TASK, errors=(429, 507),
              extra_statuses=(200,)),
     Endpoint("POST", "/v1/tasks/batch", create_batch, "createTasks",
              "Schedule up to 1,000 tasks (a body of at most 16 MiB); a result per item",
-             body=S.TaskBatch, response=S.BATCH_OUT, errors=(429,), max_body_bytes=16 << 20),
+             body=S.TaskBatch, response=S.BATCH_OUT, errors=(429, 507), max_body_bytes=16 << 20),
     Endpoint("GET", "/v1/tasks", list_tasks, "listTasks",
              "The tenant's tasks, filtered, a page at a time (follow next_cursor to null)",
              query=S.TaskQuery, response=S.TASK_PAGE_OUT),

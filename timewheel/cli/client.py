@@ -1,7 +1,9 @@
 """`timewheel task|dlq|tenant|schedule ...`: the HTTP API from a shell, through the SDK.
 
 Output is a table for people or JSON with --json. A refused request prints one line
-(`timewheel: 404 not_found: ...`) and exits 1; a bad argument exits 2 (argparse).
+(`timewheel: 404 not_found: ...`) and exits 1; a bad argument exits 2 (argparse), and so
+does a create the deployment is too full to take (507 storage_full: nothing was created,
+and retrying will not help until an operator frees memory).
 """
 
 from __future__ import annotations

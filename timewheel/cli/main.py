@@ -23,7 +23,13 @@ from timewheel.cli.parser import build_parser, http_options
 from timewheel.cli.serve import serve
 from timewheel.config import Settings
 from timewheel.engine import Engine
-from timewheel.errors import ConfigError, Conflict, TimewheelError, ValidationError
+from timewheel.errors import (
+    ConfigError,
+    Conflict,
+    StorageFullError,
+    TimewheelError,
+    ValidationError,
+)
 from timewheel.logs import configure
 from timewheel.runs.webhook import WebhookExecutor
 from timewheel.runs.worker import Handler, Worker
@@ -298,7 +304,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         configure(getattr(args, "log_level", "info"), json=getattr(args, "log_json", False))
     try:
         return _dispatch(args)
-    except (ConfigError, ValidationError) as exc:
+    except (ConfigError, ValidationError, StorageFullError) as exc:
         print(f"timewheel: {exc}", file=sys.stderr)
         return 2
     except TimewheelError as exc:

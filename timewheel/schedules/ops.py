@@ -122,9 +122,11 @@ class ScheduleOps:
 
     async def create(self, new: NewSchedule, *, now_ms: int | None = None) -> tuple[Schedule, bool]:
         """Store a schedule and materialize its first runs; returns (schedule, created).
-        An idempotency key already used by this tenant returns the existing schedule."""
+        An idempotency key already used by this tenant returns the existing schedule.
+        StorageFull (nothing written) when its shard's node is near its memory ceiling."""
         self.tasks.check_payload(new.payload_json)
         shard, sid = self._new_id(new)
+        await self.store.guard.check([shard])
         _, keys = self._schedule_keys(sid)
         now = await self._now(now_ms)
         spec = new.spec
@@ -217,11 +219,14 @@ class ScheduleOps:
         """Change a schedule: its materialized runs not yet sent are replaced at once.
 
         The new fire times are computed from the schedule as read; the script refuses if
-        it changed meanwhile, and the read and the computation start again."""
+        it changed meanwhile, and the read and the computation start again. A schedule
+        not paused plans runs again: StorageFull near the memory ceiling."""
         if changes.payload_json is not None:
             self.tasks.check_payload(changes.payload_json)
         for _ in range(UPDATE_TRIES):
             current = await self.get(tenant, sid)
+            if current.state != "paused":
+                await self.store.guard.check([self.store.locate(sid)])
             if await self._update_once(current, changes, now_ms):
                 return await self.get(tenant, sid)
         raise ScriptError(f"schedule {sid} kept changing during {UPDATE_TRIES} update tries")
@@ -319,7 +324,7 @@ class ScheduleOps:
         self, tenant: str, sid: str, *, now_ms: int | None = None, admit: Admit | None = None
     ) -> str:
         """One run now, id '<sid>@manual-<ms>', exempt from catchup and overlap; its run id.
-        `admit` is asked first."""
+        StorageFull near the memory ceiling; `admit` is asked first."""
         if admit is not None:
             await admit(await self.get(tenant, sid), 1)
         reply = await self._add_runs(tenant, sid, "manual", [], now_ms)
@@ -337,7 +342,8 @@ class ScheduleOps:
     ) -> tuple[int, int]:
         """Materialize every fire time in [from_ms, to_ms] (at most MAX_BACKFILL), sent at
         once, oldest first; fire times that already have a run are not run again.
-        Returns (added, existing). `admit` is asked with the number of fire times first."""
+        Returns (added, existing). StorageFull near the memory ceiling; `admit` is asked
+        with the number of fire times first."""
         current = await self.get(tenant, sid)
         if to_ms < from_ms:
             raise ValidationError("to is before from", field="to")
@@ -358,6 +364,7 @@ class ScheduleOps:
         self, tenant: str, sid: str, origin: str, fires: Sequence[int], now_ms: int | None
     ) -> list[Any]:
         shard, keys = self._schedule_keys(sid)
+        await self.store.guard.check([shard])
         call = Call(
             self.store.scripts.schedule_add_runs,
             keys,

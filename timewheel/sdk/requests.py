@@ -23,6 +23,7 @@ from timewheel.sdk.errors import (
     PermissionDeniedError,
     RateLimitedError,
     ServerError,
+    StorageFullError,
     TransportError,
     UnprocessableError,
 )
@@ -39,6 +40,7 @@ ERRORS: dict[int, type[ApiError]] = {
     413: PayloadTooLargeError,
     422: UnprocessableError,
     429: RateLimitedError,
+    507: StorageFullError,
 }
 
 State = StateName
