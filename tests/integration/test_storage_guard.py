@@ -193,3 +193,18 @@ async def test_on_a_cluster_each_node_is_judged_on_its_own(
             await guard.check([other, 0])  # a batch over both writes nothing
     finally:
         await engine.close()
+
+
+async def test_the_api_reports_how_full_redis_is(
+    api: httpx.AsyncClient, engines: tuple[Engine, Engine]
+) -> None:
+    body = (await api.get("/metrics")).text
+    [line] = [x for x in body.splitlines() if x.startswith("timewheel_storage_used_ratio ")]
+    assert float(line.split()[1]) > 1  # used memory over a ceiling of 1 byte
+    normal, _ = engines
+    app = create_app(normal.settings, engine=normal)
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://tw") as c:
+        body = (await c.get("/metrics")).text
+    [line] = [x for x in body.splitlines() if x.startswith("timewheel_storage_used_ratio ")]
+    assert line.split()[1] == "NaN"  # no maxmemory and no storage_max_bytes: no ceiling

@@ -95,6 +95,17 @@ class StorageGuard:
         for name, node in nodes.items():
             self._raise_if_full(await self._reading(name, node))
 
+    async def used_ratio(self) -> float | None:
+        """The fullest primary's memory in use over its ceiling, from readings at most
+        CHECK_INTERVAL_S old (None: no node has a ceiling, or none could be read)."""
+        nodes = self.client.get_primaries() if isinstance(self.client, RedisCluster) else [None]
+        ratios = []
+        for node in nodes:
+            reading = await self._reading(node.name if node is not None else "", node)
+            if reading is not None and reading.ceiling_bytes > 0:
+                ratios.append(reading.used_bytes / reading.ceiling_bytes)
+        return max(ratios) if ratios else None
+
     @staticmethod
     def _raise_if_full(reading: Reading | None) -> None:
         if reading is not None and reading.full:
