@@ -9,9 +9,9 @@ b. batch: POST /v1/tasks/batch with `--batch` (1,000) tasks per request, same lo
 
 Latency is per request, send to last byte of the answer (p50, p99). The load generator
 writes prebuilt HTTP/1.1 requests on raw asyncio streams (an httpx client costs more CPU
-per request than the server does). The tenant has no max_pending, so creates pay no
-pending-count write. Figures depend on the 2 shared cores: Redis, the api process and
-the generator run on them at once.
+per request than the server does). The tenant has the default limits: each create is
+checked against its counts, which the api reads at most once a second. Figures depend
+on the 2 shared cores: Redis, the api process and the generator run on them at once.
 
 Run:  .venv/bin/python bench/api.py               (20 s per part)
       .venv/bin/python bench/api.py --seconds 5   (smoke run)

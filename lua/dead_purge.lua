@@ -2,7 +2,8 @@
   KEYS[1] dead    STREAM tag..'dead:'..tenant (the tag is KEYS[1] up to '}:')
   KEYS[2] events  STREAM tag..'events'
   ARGV[1] run_id   ARGV[2] tenant   ARGV[3] now_ms override ('' = TIME)   ARGV[4] event log cap
-  Derived keys (same tag): t:<xy>.
+  Derived keys (same tag): t:<xy>, use:<tenant> (the payload stops counting in bytes;
+  lib/usage.lua).
   Returns: {1}   purged
   Errors:  {-1} NOT_FOUND: no dead-lettered run with this id for this tenant. ]]
 local dead_key, events_key = KEYS[1], KEYS[2]
@@ -11,6 +12,7 @@ local tag = string.match(dead_key, '^(.-}:)')
 
 --!include lib/record.lua
 --!include lib/dead.lua
+--!include lib/usage.lua
 --!include lib/clock.lua
 --!include lib/events.lua
 
@@ -19,6 +21,7 @@ if r == nil then
   return { -1 }
 end
 record_delete(bkey, run_id)
+usage_run(usage_key(tag, tenant), r, 0, -1)
 event_emit(events_key, event_cap, 'e', 'purged', 'id', run_id, 'tenant', tenant,
   'at', clock_now_ms(now_override))
 return { 1 }

@@ -3,7 +3,9 @@
   KEYS[2] events  STREAM tag..'events'
   ARGV[1] run_id   ARGV[2] tenant   ARGV[3] bucket_ms   ARGV[4] now_ms override ('' = TIME)
   ARGV[5] event log cap   ARGV[6] wake channel ('' = none)   ARGV[7] shard number
-  Derived keys (same tag): t:<xy>, meta, near:<tenant>, due, w:<bucket>, wheel.
+  Derived keys (same tag): t:<xy>, meta, near:<tenant>, due, w:<bucket>, wheel, use:<tenant>
+  (a counted run counts again in its queue; a planned run of a schedule stops
+  counting its payload in bytes; lib/usage.lua).
   Returns: {1, due_ms}   scheduled again; its next dispatch says attempt 1
   Errors:  {-1} NOT_FOUND: no dead-lettered run with this id for this tenant. ]]
 local dead_key, events_key = KEYS[1], KEYS[2]
@@ -15,6 +17,7 @@ local tag = string.match(dead_key, '^(.-}:)')
 --!include lib/dead.lua
 --!include lib/clock.lua
 --!include lib/wheel.lua
+--!include lib/usage.lua
 --!include lib/wake.lua
 --!include lib/events.lua
 
@@ -26,6 +29,11 @@ local now = clock_now_ms(now_override)
 r[R_STATE], r[R_ATTEMPT], r[R_DUE], r[R_UPDATED], r[R_DEAD] = ST_SCHEDULED, 0, now, now, nil
 local wake = wheel_place(tag, tag .. 'meta', run_id, tenant, now, bucket_ms)
 record_save(bkey, run_id, r)
+if usage_counted(r) then
+  usage_run(usage_key(tag, tenant), r, 1, 0)
+else
+  usage_run(usage_key(tag, tenant), r, 0, -1)
+end
 event_emit(events_key, event_cap, 'e', 'replayed', 'id', run_id, 'tenant', tenant, 'at', now)
 wake_publish(wake, wake_channel, shard)
 return { 1, now }

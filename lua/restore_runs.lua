@@ -6,7 +6,9 @@
           run_id, attempt, due_ms, tenant, queue, created_ms, payload (JSON text),
           opts (JSON text, '' = none), updated_ms ('' = none), last_error ('' = none),
           schedule_id ('' = none)
-  Derived keys (same tag): t:<xy>, near:<tenant>, due, w:<bucket>, wheel, sr:<schedule id>.
+  Derived keys (same tag): t:<xy>, near:<tenant>, due, w:<bucket>, wheel, sr:<schedule id>,
+  use:<tenant> (a counted run counts as create counts it: q:<queue>, bytes;
+  lib/usage.lua).
   Returns: {written, existing}   existing = runs whose record was already there (left as
            they are: only a forced restore into a non-empty Redis meets them)
   Errors:  none expected; malformed input is an error reply.
@@ -20,6 +22,7 @@ local tag = string.sub(meta_key, 1, -5)
 local GROUP = 11
 
 --!include lib/record.lua
+--!include lib/usage.lua
 --!include lib/wheel.lua
 
 local function opt(value)
@@ -32,18 +35,20 @@ end
 if n > 200 or #ARGV ~= 2 + n * GROUP then
   return redis.error_reply('ERR timewheel: restore takes n <= 200 groups of 11 values')
 end
-local written, existing = 0, 0
+local written, existing, tally = 0, 0, {}
 for i = 0, n - 1 do
   local a = 3 + i * GROUP
   local run_id, attempt, due_ms, tenant, queue, created_ms, payload, opts, updated_ms,
     last_error, sid = unpack(ARGV, a, a + GROUP - 1)
   due_ms = tonumber(due_ms)
   local updated = opt(updated_ms)
-  local raw = record_pack({ ST_SCHEDULED, tonumber(attempt), due_ms, tenant, queue,
-    tonumber(created_ms), payload, opt(opts), updated and tonumber(updated), opt(last_error),
-    opt(sid), nil })
-  if record_create(body_key(tag, run_id), run_id, raw) == 1 then
+  local r = { ST_SCHEDULED, tonumber(attempt), due_ms, tenant, queue, tonumber(created_ms),
+    payload, opt(opts), updated and tonumber(updated), opt(last_error), opt(sid), nil }
+  if record_create(body_key(tag, run_id), run_id, record_pack(r)) == 1 then
     wheel_place(tag, meta_key, run_id, tenant, due_ms, bucket_ms)
+    if usage_counted(r) then
+      usage_tally(tally, tenant, queue, #payload)
+    end
     if sid ~= '' then
       -- A schedule's run: in its run index, so pause, update and delete find it.
       redis.call('ZADD', tag .. 'sr:' .. sid, due_ms, run_id)
@@ -53,4 +58,5 @@ for i = 0, n - 1 do
     existing = existing + 1
   end
 end
+usage_flush(tag, tally)
 return { written, existing }

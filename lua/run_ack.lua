@@ -6,6 +6,7 @@
   ARGV[8] wake channel ('' = none)   ARGV[9] shard number (the wake message, sent when a
   run held back by overlap buffer_one is released and is the shard's next action)
   Derived keys (same tag): t:<xy>, meta and near:<tenant> (record_sent), x:<bucket>, expiry,
+  use:<tenant> (a counted run stops counting: q:<queue>, bytes; lib/usage.lua),
   and for a schedule's run s:<sid>
   (no longer in flight) and the run it held back, put back in the wheel (meta, near, due).
   Returns: {1}   acknowledged and the run is now succeeded. This includes a late ack of
@@ -26,6 +27,7 @@ local tag = string.match(stream_key, '^(.-}:)')
 --!include lib/delivery.lua
 --!include lib/clock.lua
 --!include lib/wheel.lua
+--!include lib/usage.lua
 --!include lib/wake.lua
 --!include lib/events.lua
 --!include lib/schedule.lua
@@ -44,6 +46,9 @@ end
 r[R_STATE], r[R_UPDATED] = ST_SUCCEEDED, now
 record_save(bkey, run_id, r)
 wheel_retain(tag, run_id, now, bucket_ms)
+if usage_counted(r) then
+  usage_run(usage_key(tag, r[R_TENANT]), r, -1, -1)
+end
 wake_publish(schedule_run_finished(tag, r[R_SCHEDULE], run_id, now, bucket_ms), wake_channel,
   shard)
 event_emit(events_key, event_cap, 'e', 'acked', 'id', run_id, 'tenant', r[R_TENANT],

@@ -9,7 +9,8 @@
   ARGV[4] fire times for backfill, ascending, comma-separated   ARGV[5] bucket_ms
   ARGV[6] now_ms override ('' = TIME)   ARGV[7] event log cap   ARGV[8] wake channel
   ('' = none)   ARGV[9] shard number
-  Derived keys (same tag): t:<xy>, near:<tenant>, due, w:<bucket>, wheel.
+  Derived keys (same tag): t:<xy>, near:<tenant>, due, w:<bucket>, wheel, use:<tenant>
+  (runs asked for by hand count like tasks: q:<queue>, bytes; lib/usage.lua).
   Returns: {1, added, existing, first run id}   existing: run ids that were there already
            (a fire time that ran, or was backfilled, before: not run twice)
   Errors:  {-1} NOT_FOUND     no such schedule for this tenant ]]
@@ -22,6 +23,7 @@ local tag = string.sub(meta_key, 1, -5)
 --!include lib/record.lua
 --!include lib/clock.lua
 --!include lib/wheel.lua
+--!include lib/usage.lua
 --!include lib/wake.lua
 --!include lib/events.lua
 --!include lib/schedule.lua
@@ -42,7 +44,7 @@ else
     runs[#runs + 1] = { sid .. '@' .. fire, fire }
   end
 end
-local added, existing, wake = 0, 0, 0
+local added, existing, wake, tally = 0, 0, 0, {}
 for _, run in ipairs(runs) do
   local run_id, due = run[1], run[2]
   local rec = record_pack({ ST_SCHEDULED, 0, due, tenant, s.queue, now, s.payload, opts_json,
@@ -52,11 +54,13 @@ for _, run in ipairs(runs) do
       wake = 1
     end
     added = added + 1
+    usage_tally(tally, tenant, s.queue, #s.payload)
   else
     existing = existing + 1
   end
 end
 event_emit(events_key, event_cap, 'e', origin == 'manual' and 'triggered' or 'backfilled',
   'id', sid, 'tenant', tenant, 'at', now, 'runs', #runs)
+usage_flush(tag, tally)
 wake_publish(wake, wake_channel, shard)
 return { 1, added, existing, runs[1] and runs[1][1] or '' }

@@ -11,7 +11,8 @@
   (-1 = none)   ARGV[16] bucket_ms   ARGV[17] misfire_ms   ARGV[18] now_ms override
   ARGV[19] event log cap   ARGV[20] wake channel ('' = none)   ARGV[21] shard number
   Derived keys (same tag): schedules, sr:<sid>, plan_tenants, plan:<tenant>, t:<xy>, near:<tenant>, due,
-  w:<bucket>, wheel.
+  w:<bucket>, wheel, use:<tenant> (the schedule counts in schedules, bytes and
+  q:<queue>; lib/usage.lua).
   Returns: {1, added, wake}   created; wake = 1 if the shard's next action moved earlier
            {0}                an idempotent duplicate of this tenant's: nothing changed
   Errors:  an error reply on an id collision with another tenant's schedule. ]]
@@ -27,6 +28,7 @@ local event_cap, wake_channel, shard = ARGV[19], ARGV[20], ARGV[21]
 local tag = string.sub(meta_key, 1, -5)
 
 --!include lib/clock.lua
+--!include lib/usage.lua
 --!include lib/wake.lua
 --!include lib/events.lua
 --!include lib/schedule.lua
@@ -47,6 +49,10 @@ rcall('HSET', skey, 'tenant', tenant, 'queue', s.queue, 'payload', s.payload, 'o
   'max_runs', s.max_runs, 'cursor', s.cursor, 'planned', 0, 'created_ms', now,
   'updated_ms', now, 'version', 1)
 rcall('SADD', tag .. 'schedules', sid)
+local ukey = usage_key(tag, tenant)
+usage_add(ukey, 'schedules', 1)
+usage_add(ukey, 'bytes', #payload)
+usage_add(ukey, 'q:' .. queue, 1)
 local ctx = schedule_ctx(tag, now, bucket_ms, misfire_ms, events_key, event_cap)
 local fires = schedule_fires(fires_text)
 local added = 0

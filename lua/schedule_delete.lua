@@ -6,7 +6,8 @@
   ARGV[1] sid   ARGV[2] tenant   ARGV[3] bucket_ms   ARGV[4] now_ms override ('' = TIME)
   ARGV[5] event log cap
   Derived keys (same tag): schedules, sr:<sid>, plan_tenants, plan:<tenant>, t:<xy>, near:<tenant>, w:<bucket>, wheel,
-  x:<bucket>, expiry.
+  x:<bucket>, expiry, use:<tenant> (the schedule stops counting in schedules, bytes and
+  q:<queue>; lib/usage.lua).
   Returns: {1, dropped}   deleted; dropped = materialized runs removed with it
   Errors:  {-1} NOT_FOUND     no such schedule for this tenant ]]
 local rcall = redis.call
@@ -18,6 +19,7 @@ local tag = string.sub(meta_key, 1, -5)
 --!include lib/record.lua
 --!include lib/clock.lua
 --!include lib/wheel.lua
+--!include lib/usage.lua
 --!include lib/events.lua
 --!include lib/schedule.lua
 
@@ -40,5 +42,9 @@ end
 rcall('DEL', skey)
 schedule_unindex(tag, tenant, sid)
 rcall('SREM', tag .. 'schedules', sid)
+local ukey = usage_key(tag, tenant)
+usage_add(ukey, 'schedules', -1)
+usage_add(ukey, 'bytes', -#s.payload)
+usage_add(ukey, 'q:' .. s.queue, -1)
 event_emit(events_key, event_cap, 'e', 'schedule_deleted', 'id', sid, 'tenant', tenant, 'at', now)
 return { 1, dropped }

@@ -10,7 +10,9 @@
   ARGV[7] bucket_ms   ARGV[8] misfire_ms   ARGV[9] now_ms override   ARGV[10] event log cap
   ARGV[11] wake channel ('' = none)   ARGV[12] shard number   ARGV[13] the version the
   caller read (the fire times above were computed from that schedule)
-  Derived keys (same tag): sr:<sid>, plan_tenants, plan:<tenant>, t:<xy>, near:<tenant>, due, w:<bucket>, wheel.
+  Derived keys (same tag): sr:<sid>, plan_tenants, plan:<tenant>, t:<xy>, near:<tenant>, due, w:<bucket>, wheel,
+  use:<tenant> (a new queue or payload replaces the old one in q:<queue> and bytes;
+  lib/usage.lua).
   Returns: {1, added, wake}   updated; runs already dispatched are not touched
            {0}                the schedule changed since the caller read it: nothing done
   Errors:  {-1} NOT_FOUND     no such schedule for this tenant ]]
@@ -24,6 +26,7 @@ local tag = string.sub(meta_key, 1, -5)
 
 --!include lib/hash.lua
 --!include lib/clock.lua
+--!include lib/usage.lua
 --!include lib/wake.lua
 --!include lib/events.lua
 --!include lib/schedule.lua
@@ -37,7 +40,14 @@ if s.version ~= read_version then
 end
 local now = clock_now_ms(now_override)
 local changes = cjson.decode(changes_json)
+local old_queue, old_bytes = s.queue, #s.payload
 hash_table(changes, s)
+local ukey = usage_key(tag, tenant)
+usage_add(ukey, 'bytes', #s.payload - old_bytes)
+if s.queue ~= old_queue then
+  usage_add(ukey, 'q:' .. s.queue, 1)
+  usage_add(ukey, 'q:' .. old_queue, -1)
+end
 if #changes > 0 then
   rcall('HSET', skey, unpack(changes))
 end

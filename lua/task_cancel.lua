@@ -4,7 +4,8 @@
   KEYS[3] events  STREAM tag..'events'
   ARGV[1] run_id   ARGV[2] tenant   ARGV[3] bucket_ms   ARGV[4] now_ms override ('' = TIME)
   ARGV[5] event log cap
-  Derived keys (same tag): meta, near:<tenant>, w:<bucket>, wheel, x:<bucket>, expiry.
+  Derived keys (same tag): meta, near:<tenant>, w:<bucket>, wheel, x:<bucket>, expiry,
+  use:<tenant> (a counted run stops counting: q:<queue>, bytes; lib/usage.lua).
   Returns: {1, record}         cancelled; the record after the change
   Errors:  {-1} NOT_FOUND      no such run for this tenant (another tenant's id included)
            {-2, state}         INVALID_STATE: not scheduled any more ]]
@@ -16,6 +17,7 @@ local tag = string.sub(meta_key, 1, -5)
 --!include lib/record.lua
 --!include lib/clock.lua
 --!include lib/wheel.lua
+--!include lib/usage.lua
 --!include lib/events.lua
 
 local r, refusal = record_scheduled(body_key_, run_id, tenant)
@@ -27,5 +29,8 @@ wheel_remove(tag, run_id, tenant, r[R_DUE], bucket_ms)
 r[R_STATE], r[R_UPDATED] = ST_CANCELLED, now
 local raw = record_save(body_key_, run_id, r)
 wheel_retain(tag, run_id, now, bucket_ms)
+if usage_counted(r) then
+  usage_run(usage_key(tag, tenant), r, -1, -1)
+end
 event_emit(events_key, event_cap, 'e', 'cancelled', 'id', run_id, 'tenant', tenant, 'at', now)
 return { 1, raw }

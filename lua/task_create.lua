@@ -8,7 +8,8 @@
           run_id (= task id), tenant, queue, run_at_ms ('' = use delay), delay_ms,
           payload (JSON text), opts (JSON text of non-default policy fields, '' = none),
           idempotent ('1': the id was derived from an idempotency key)
-  Derived keys (same tag): t:<xy>, near:<tenant>, due, w:<bucket>, wheel.
+  Derived keys (same tag): t:<xy>, near:<tenant>, due, w:<bucket>, wheel, use:<tenant>
+  (the runs created count in the tenant's q:<queue> and bytes; lib/usage.lua).
   Returns: one reply per run, in order:
            {1, due_ms, wake, now_ms}  created; wake = 1 if it moved the shard's next
                                       action earlier; now_ms = the record's created time
@@ -26,6 +27,7 @@ local GROUP, FIRST = 8, 6
 
 --!include lib/record.lua
 --!include lib/clock.lua
+--!include lib/usage.lua
 --!include lib/wheel.lua
 --!include lib/wake.lua
 --!include lib/events.lua
@@ -36,7 +38,7 @@ if n ~= math.floor(n) or n < 1 or n > 500 then
 end
 local now = clock_now_ms(now_override)
 local promoted_until = wheel_promoted_until(meta_key)
-local replies, woken, created = {}, 0, {}
+local replies, woken, created, tally = {}, 0, {}, {}
 for i = 0, n - 1 do
   local a = FIRST + i * GROUP
   local run_id, tenant, queue, due_text, delay_ms, payload, opts, idempotent =
@@ -67,6 +69,7 @@ for i = 0, n - 1 do
     local wake = wheel_place(tag, meta_key, run_id, tenant, due_ms, bucket_ms, promoted_until)
     woken = math.max(woken, wake)
     created[#created + 1] = run_id .. ':' .. tenant .. ':' .. queue .. ':' .. due_text
+    usage_tally(tally, tenant, queue, #payload)
     replies[i + 1] = { 1, due_ms, wake, now }
   end
 end
@@ -77,5 +80,6 @@ if #created > 0 then
   event_emit(events_key, event_cap, 'e', 'created', 'at', string.format('%d', now),
     'runs', table.concat(created, ','))
 end
+usage_flush(tag, tally)
 wake_publish(woken, wake_channel, shard)
 return replies

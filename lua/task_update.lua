@@ -6,7 +6,8 @@
   ARGV[3] run_at_ms ('' = keep)   ARGV[4] delay_ms ('' = keep; used when ARGV[3] is '')
   ARGV[5] payload JSON text ('' = keep)   ARGV[6] bucket_ms   ARGV[7] now_ms override
   ARGV[8] event log cap   ARGV[9] wake channel ('' = none)   ARGV[10] shard number
-  Derived keys (same tag): meta, near:<tenant>, due, w:<bucket>, wheel.
+  Derived keys (same tag): meta, near:<tenant>, due, w:<bucket>, wheel, use:<tenant> (a
+  counted run's new payload replaces the old one in bytes; lib/usage.lua).
   Returns: {1, record, wake}   updated; wake = 1 if the shard's next action moved earlier
   Errors:  {-1} NOT_FOUND      no such run for this tenant
            {-2, state}         INVALID_STATE: not scheduled any more ]]
@@ -19,6 +20,7 @@ local tag = string.sub(meta_key, 1, -5)
 --!include lib/record.lua
 --!include lib/clock.lua
 --!include lib/wheel.lua
+--!include lib/usage.lua
 --!include lib/wake.lua
 --!include lib/events.lua
 
@@ -40,6 +42,9 @@ if due_ms ~= r[R_DUE] then
   r[R_DUE] = due_ms
 end
 if payload ~= '' then
+  if usage_counted(r) then
+    usage_add(usage_key(tag, tenant), 'bytes', #payload - #r[R_PAYLOAD])
+  end
   r[R_PAYLOAD] = payload
 end
 r[R_UPDATED] = now

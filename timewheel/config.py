@@ -45,6 +45,33 @@ class Settings:
     """How long finished task records stay readable (and dedupe idempotent creates)."""
     max_payload_bytes: int = 65_536
     """Largest accepted payload, as encoded JSON text."""
+    tenant_max_pending: int = 10_000_000
+    """A tenant's most runs not finished at once (scheduled, in flight, waiting for a
+    retry), unless its own max_pending says otherwise. 10 M runs with 100-byte payloads
+    are about 2 GB of Redis (193 B/task, docs/benchmarks.md): bounded, yet far past a
+    tenant's normal backlog."""
+    tenant_max_payload_total_bytes: int = 1 << 30
+    """A tenant's most payload bytes held at once (runs not finished, dead letters,
+    schedules), unless its own limit says otherwise: 1 GiB, 16,384 payloads of the
+    largest size, so one tenant cannot fill a Redis of a few GB on its own."""
+    tenant_max_schedules: int = 10_000
+    """A tenant's most schedules, unless its own limit says otherwise: 10,000
+    every-second schedules are what one planner keeps up with on 2 cores."""
+    tenant_max_queues: int = 100
+    """A tenant's most queues in use at once (a queue with runs not finished or with a
+    schedule), unless its own limit says otherwise. Each queue is a ready stream per
+    shard, consumer groups and a reaper scan."""
+    tenant_min_interval_s: float = 1.0
+    """The shortest time between two fire times of a tenant's schedule, unless its own
+    limit says otherwise; 1 s refuses nothing (no schedule fires more often)."""
+    storage_max_bytes: int = 0
+    """A ceiling on each Redis node's memory for the storage guard, bytes (0: none; the
+    node's maxmemory is the ceiling then). The lower of the two applies."""
+    storage_guard_ratio: float = 0.9
+    """Creates (tasks, batches, schedules, triggers, backfills, replays) answer 507
+    storage_full while the Redis node that would hold them uses this share of its
+    ceiling; dispatch, ack, fail, cancel and delete go on. Redis itself refuses every
+    write past maxmemory (noeviction): the rest is what lets the work drain."""
     default_spread: int = 1
     """How many shards a tenant's tasks use unless the tenant says otherwise."""
     poll_cap_ms: int = 250
@@ -150,6 +177,11 @@ class Settings:
             "plan_batch",
             "plan_interval_ms",
             "archive_batch",
+            "tenant_max_pending",
+            "tenant_max_payload_total_bytes",
+            "tenant_max_schedules",
+            "tenant_max_queues",
+            "tenant_min_interval_s",
         ):
             if getattr(self, name) < 1:
                 raise ConfigError(
@@ -169,6 +201,11 @@ class Settings:
                 f"Setting 'archive_hard_cap' has value {self.archive_hard_cap}. "
                 f"Must be >= event_log_max ({self.event_log_max})."
             )
+        if not 0 < self.storage_guard_ratio <= 1:
+            raise ConfigError(
+                f"Setting 'storage_guard_ratio' has value {self.storage_guard_ratio}. "
+                "Must be in (0, 1]."
+            )
         if self.tick_batch > 5000 or self.promote_batch > 5000:
             raise ConfigError("Settings 'tick_batch' and 'promote_batch' must be <= 5000.")
         if not self.prefix or any(c in self.prefix for c in "{}: "):
@@ -182,6 +219,7 @@ class Settings:
             ("http_max_header_bytes", 1024),
             ("http_max_connections", 1),
             ("http_max_body_bytes", 1),
+            ("storage_max_bytes", 0),
         ):
             if getattr(self, name) < least:
                 raise ConfigError(

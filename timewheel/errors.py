@@ -13,6 +13,7 @@
     ├── Conflict                  the change cannot be made as things are (HTTP 409)
     │   └── InvalidState          the task is not in a state that allows the change
     ├── OverLimit                 the tenant is over one of its limits (HTTP 429)
+    ├── StorageFull               Redis is near its memory ceiling: creates refused (HTTP 507)
     ├── ApiError, TransportError  the SDK's errors (timewheel/sdk/errors.py)
     ├── PostgresUnavailable       PostgreSQL could not be reached or a statement failed
     ├── ValidationError           a request field is malformed (HTTP 400/413/422)
@@ -146,14 +147,30 @@ class Forbidden(TimewheelError):
 
 
 class OverLimit(TimewheelError):
-    """Raised when a tenant is over one of its limits; `retry_after_s` says when to retry."""
+    """Raised when a create would put a tenant over one of its limits; `field` names the
+    limit, `retry_after_s` says when to retry (None: only a change of the tenant's own
+    frees it, such as deleting a schedule)."""
 
     code = "over_limit"
 
-    def __init__(self, message: str, *, retry_after_s: int, field: str | None = None):
+    def __init__(self, message: str, *, retry_after_s: int | None, field: str | None = None):
         super().__init__(message)
         self.retry_after_s = retry_after_s
         self.field = field
+
+
+class StorageFull(TimewheelError):
+    """Raised when a create would write to a Redis node using storage_guard_ratio of its
+    ceiling (maxmemory, or storage_max_bytes if lower). Nothing was written; calls that
+    finish or remove work (dispatch, ack, fail, cancel, delete, purge) are not refused."""
+
+    code = "storage_full"
+
+    def __init__(self, message: str, *, node: str, used_bytes: int, ceiling_bytes: int):
+        super().__init__(message)
+        self.node = node
+        self.used_bytes = used_bytes
+        self.ceiling_bytes = ceiling_bytes
 
 
 # The SDK's errors (what a client of the HTTP API sees) live with the SDK; they are
@@ -168,6 +185,7 @@ from timewheel.sdk.errors import (  # noqa: E402
     PermissionDeniedError,
     RateLimitedError,
     ServerError,
+    StorageFullError,
     TransportError,
     UnprocessableError,
 )
@@ -197,6 +215,8 @@ __all__ = [
     "RestoreRefused",
     "ScriptError",
     "ServerError",
+    "StorageFull",
+    "StorageFullError",
     "TaskNotFound",
     "TimewheelError",
     "TransportError",

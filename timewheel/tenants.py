@@ -6,12 +6,10 @@ the bootstrap admin key's hash is compared with `hmac.compare_digest` (constant 
 The API process caches lookups for `CACHE_TTL_S` (1 s): a revoked key stops working
 within 1 s in every api process, and a changed limit applies within 1 s.
 
-Pending count (max_pending): kept in a per-tenant HASH of due bucket -> count of the
-runs created through the API (incremented after create, decremented after cancel and
-moved by reschedule) and summed over buckets not yet due. It costs one HINCRBY per create
-and only for tenants that set max_pending. It is an estimate: a run counts until its due
-bucket starts (dispatch is not seen, lua/dispatch_tick.lua being out of bounds here), retries and
-replays are not counted, and a crash between the create and the HINCRBY loses one count.
+Limits: a tenant's own values (None: the deployment's default, Settings.tenant_*), stored
+in the tenant's JSON; what applies and how creates are checked is timewheel/limits.py.
+Only the limits a tenant sets are written, and a reader takes the fields it knows, so
+processes of two versions side by side read each other's tenants.
 """
 
 from __future__ import annotations
@@ -22,13 +20,13 @@ import json
 import secrets
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from redis.exceptions import RedisError, WatchError
 
 from timewheel.dispatch.rates import DispatchRates
-from timewheel.errors import Conflict, NotFound, OverLimit, RedisUnavailable, Unauthorized
+from timewheel.errors import Conflict, NotFound, RedisUnavailable, Unauthorized
 from timewheel.store.connection import RedisClient
 from timewheel.store.keys import Keys
 
@@ -41,15 +39,40 @@ TENANT = "tenant"
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """A tenant's limits; None means the deployment's default (no limit for pending/rate)."""
+    """A tenant's own limits; None means the deployment's default (Settings.tenant_*,
+    max_payload_bytes; no limit for dispatch_rate). What each counts, how exactly, and
+    the answer over it: docs/guides/tenants-and-limits.md."""
 
     max_payload_bytes: int | None = None
     """Largest payload, encoded JSON bytes (never above the deployment's max_payload_bytes)."""
     max_pending: int | None = None
-    """Most scheduled runs at once (estimated, see the module docstring); over it: 429."""
+    """Most runs not finished at once (scheduled, in flight, waiting for a retry); over
+    it, a create answers 429."""
     dispatch_rate: float | None = None
     """Most runs per second the tick dispatches for the tenant, retries included; the rest
     wait, due, in the near level (timewheel/dispatch/rates.py, lua/dispatch_tick.lua)."""
+    max_payload_total_bytes: int | None = None
+    """Most payload bytes held at once: runs not finished, dead letters, schedules; 429."""
+    max_schedules: int | None = None
+    """Most schedules; 429."""
+    max_queues: int | None = None
+    """Most queues in use at once (a queue with runs not finished or a schedule); 429."""
+    min_interval_s: float | None = None
+    """Shortest time between two fire times of a schedule; a closer one answers 422."""
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Limits:
+        """Limits as stored: fields this version does not know are left out."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    def to_json(self) -> dict[str, Any]:
+        """Every limit, None where the default applies (as the API answers)."""
+        return asdict(self)
+
+    def stored(self) -> dict[str, Any]:
+        """The limits set, as stored (a process of an older version reads these)."""
+        return {k: v for k, v in asdict(self).items() if v is not None}
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +82,7 @@ class Tenant:
     created_ms: int
 
     def to_json(self) -> dict[str, Any]:
-        return {"id": self.id, "limits": asdict(self.limits), "created_at_ms": self.created_ms}
+        return {"id": self.id, "limits": self.limits.to_json(), "created_at_ms": self.created_ms}
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,26 +116,22 @@ class TenantStore:
         keys: Keys,
         *,
         admin_key: str = "",
-        bucket_ms: int,
         rates: DispatchRates | None = None,
     ):
         self.client = client
         self.keys = keys
         self.rates = rates
         """Where a dispatch_rate is copied for the tick (else only the schedulers' sync does)."""
-        self.bucket_ms = bucket_ms
         self._admin_hash = hash_key(admin_key) if admin_key else ""
         self._principals: dict[str, tuple[float, Principal | None]] = {}
         self._tenants: dict[str, tuple[float, Tenant | None]] = {}
-        self._pending: dict[str, tuple[float, int, int]] = {}
-        """tenant -> (cache expiry, count, ms until the oldest counted bucket stops counting)"""
 
     # -- tenants ------------------------------------------------------------------
 
     async def create_tenant(self, tenant_id: str, limits: Limits) -> Tenant:
         """Register a tenant. Raises Conflict if the id exists."""
         tenant = Tenant(tenant_id, limits, int(time.time() * 1000))
-        value = json.dumps({"limits": asdict(limits), "created_ms": tenant.created_ms})
+        value = json.dumps({"limits": limits.stored(), "created_ms": tenant.created_ms})
         try:
             added = await self.client.hsetnx(self.keys.tenants(), tenant_id, value)
         except (RedisError, OSError) as exc:
@@ -137,7 +156,8 @@ class TenantStore:
                         if raw is None:
                             raise NotFound(f"tenant {tenant_id!r} not found")
                         data = json.loads(raw)
-                        data["limits"] = {**data["limits"], **changes}
+                        merged = {**data["limits"], **changes}
+                        data["limits"] = {k: v for k, v in merged.items() if v is not None}
                         pipe.multi()  # type: ignore[no-untyped-call]
                         pipe.hset(key, tenant_id, json.dumps(data))
                         await pipe.execute()
@@ -148,11 +168,10 @@ class TenantStore:
                     raise Conflict(f"tenant {tenant_id!r} kept changing; try again")
         except (RedisError, OSError) as exc:
             raise _err(exc) from exc
-        tenant = Tenant(tenant_id, Limits(**data["limits"]), int(data["created_ms"]))
+        tenant = Tenant(tenant_id, Limits.from_json(data["limits"]), int(data["created_ms"]))
         if self.rates is not None and "dispatch_rate" in changes:
             await self.rates.put(tenant_id, tenant.limits.dispatch_rate)
         self._tenants.pop(tenant_id, None)
-        self._pending.pop(tenant_id, None)
         return tenant
 
     async def get_tenant(self, tenant_id: str, *, cached: bool = False) -> Tenant:
@@ -169,7 +188,7 @@ class TenantStore:
             found = None
             if raw is not None:
                 data = json.loads(raw)
-                found = Tenant(tenant_id, Limits(**data["limits"]), int(data["created_ms"]))
+                found = Tenant(tenant_id, Limits.from_json(data["limits"]), int(data["created_ms"]))
             self._tenants[tenant_id] = (now + CACHE_TTL_S, found)
         if found is None:
             raise NotFound(f"tenant {tenant_id!r} not found")
@@ -233,61 +252,3 @@ class TenantStore:
             return None
         info = json.loads(raw)
         return Principal(info["role"], info.get("tenant"), info["key_id"])
-
-    # -- pending estimate ---------------------------------------------------------------
-
-    def _bucket(self, due_ms: int) -> int:
-        return due_ms - due_ms % self.bucket_ms
-
-    async def check_pending(self, tenant: Tenant, adding: int) -> None:
-        """Raise OverLimit if `adding` more runs would put the tenant over max_pending."""
-        limit = tenant.limits.max_pending
-        if limit is None:
-            return
-        now = time.monotonic()
-        hit = self._pending.get(tenant.id)
-        if hit is not None and hit[0] > now:
-            count, frees_in_ms = hit[1], hit[2]
-        else:
-            count, frees_in_ms = await self._count_pending(tenant.id)
-            self._pending[tenant.id] = (now + CACHE_TTL_S, count, frees_in_ms)
-        if count + adding > limit:
-            raise OverLimit(
-                f"tenant has about {count} pending runs; max_pending is {limit}",
-                retry_after_s=max(1, -(-frees_in_ms // 1000)),
-            )
-
-    async def _count_pending(self, tenant_id: str) -> tuple[int, int]:
-        """(runs counted, ms until the oldest counted bucket stops counting)."""
-        key = self.keys.pending(tenant_id)
-        try:
-            buckets: dict[Any, Any] = await self.client.hgetall(key)
-            now_ms = int(time.time() * 1000)
-            stale = [b for b in buckets if int(b) + self.bucket_ms <= now_ms]
-            if stale:
-                await self.client.hdel(key, *stale[:1000])
-        except (RedisError, OSError) as exc:
-            raise _err(exc) from exc
-        live = {int(b): int(v) for b, v in buckets.items() if int(b) + self.bucket_ms > now_ms}
-        frees_in_ms = min(live) + self.bucket_ms - now_ms if live else self.bucket_ms
-        return sum(live.values()), frees_in_ms
-
-    async def count_pending(self, tenant: Tenant, changes: list[tuple[int, int]]) -> None:
-        """Apply (due_ms, +n/-n) pairs to the tenant's pending estimate (only with
-        max_pending)."""
-        if tenant.limits.max_pending is None or not changes:
-            return
-        per_bucket: dict[int, int] = {}
-        for due_ms, n in changes:
-            b = self._bucket(due_ms)
-            per_bucket[b] = per_bucket.get(b, 0) + n
-        key = self.keys.pending(tenant.id)
-        try:
-            for bucket, n in per_bucket.items():
-                if n:
-                    await self.client.hincrby(key, str(bucket), n)
-        except (RedisError, OSError) as exc:
-            raise _err(exc) from exc
-        hit = self._pending.get(tenant.id)
-        if hit is not None:
-            self._pending[tenant.id] = (hit[0], hit[1] + sum(per_bucket.values()), hit[2])

@@ -1,6 +1,6 @@
 -- Retry or bury a run whose attempt failed (run_fail.lua, dispatch_reap.lua, and the
--- tick for a run past its expires_at). Calls lib/record.lua, lib/wheel.lua, lib/wake.lua,
--- lib/events.lua, lib/dead.lua and lib/schedule.lua (before it in LIBS).
+-- tick for a run past its expires_at). Calls lib/record.lua, lib/usage.lua, lib/wheel.lua,
+-- lib/wake.lua, lib/events.lua, lib/dead.lua and lib/schedule.lua (before it in LIBS).
 --
 --   retry_policy(r, defaults) -> p   the retry policy of a run.
 --   retry_backoff_ms(p, attempt, rand) -> ms   the wait before the next attempt.
@@ -46,7 +46,9 @@ local function retry_backoff_ms(p, attempt, rand)
 end
 
 -- Move a run that was dispatched and failed: back into the wheel, or into the tenant's
--- dead-letter stream once max_attempts is reached (or at once when permanent).
+-- dead-letter stream once max_attempts is reached (or at once when permanent). A buried
+-- run stops counting in the tenant's queue; its payload, now held by the dead
+-- letter, counts in bytes until replay or purge (lib/usage.lua).
 -- Returns 'retry', due_ms   or   'dead', entry_id.
 local function retry_or_bury(tag, bkey, run_id, r, ctx)
   local now, p = ctx.now, retry_policy(r, ctx.defaults)
@@ -66,6 +68,11 @@ local function retry_or_bury(tag, bkey, run_id, r, ctx)
   local entry = dead_letter(tag, run_id, r, ctx.reason, ctx.error, now)
   r[R_STATE], r[R_DEAD] = ST_DEAD, entry
   record_save(bkey, run_id, r)
+  if usage_counted(r) then
+    usage_run(usage_key(tag, tenant), r, -1, 0)
+  else
+    usage_run(usage_key(tag, tenant), r, 0, 1)
+  end
   wake_publish(schedule_run_finished(tag, r[R_SCHEDULE], run_id, now, ctx.bucket_ms),
     ctx.wake_channel, ctx.shard)
   event_emit(ctx.events_key, ctx.event_cap, 'e', 'dead', 'id', run_id, 'tenant', tenant,

@@ -424,11 +424,8 @@ async def test_bad_tenant_bodies_are_refused_before_anything_is_written(
     assert (await admin.post("/v1/tenants", json={"id": "default"})).status_code == 201
     patch = await admin.patch("/v1/tenants/default", content=body)
     assert patch.status_code in (400, 422), patch.text
-    assert (await admin.get("/v1/tenants/default")).json()["limits"] == {
-        "max_payload_bytes": None,
-        "max_pending": None,
-        "dispatch_rate": None,
-    }
+    limits = (await admin.get("/v1/tenants/default")).json()["limits"]
+    assert set(limits.values()) == {None} and "max_pending" in limits  # nothing set
 
 
 async def test_run_history_and_dead_letters_over_http(

@@ -15,7 +15,7 @@ from timewheel.tenants import Limits, TenantStore
 @pytest.fixture
 async def client(standalone_engine: Engine) -> AsyncIterator[httpx.AsyncClient]:
     engine = standalone_engine
-    tenants = TenantStore(engine.client, engine.keys, bucket_ms=engine.settings.bucket_ms)
+    tenants = TenantStore(engine.client, engine.keys)
     await tenants.create_tenant("acme", Limits())
     _, key = await tenants.issue_key("acme")
     app = create_app(engine.settings, engine=engine)

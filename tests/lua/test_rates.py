@@ -80,9 +80,7 @@ async def test_clearing_a_rate_releases_the_held_runs(engine: Engine) -> None:
 
 async def test_rates_are_copied_to_the_tenants_shards_and_resynced(engine: Engine) -> None:
     rates = DispatchRates.of(engine.store)
-    store = TenantStore(
-        engine.client, engine.keys, bucket_ms=engine.settings.bucket_ms, rates=rates
-    )
+    store = TenantStore(engine.client, engine.keys, rates=rates)
     await store.create_tenant("limited", Limits(dispatch_rate=30))
     await store.create_tenant("free", Limits(max_pending=5))
     shards = engine.store.shards_of("limited")
@@ -115,12 +113,7 @@ async def test_a_running_scheduler_keeps_a_tenant_to_its_rate(engine: Engine) ->
     slow = "tenant-live"
     shard = engine.store.shards_of(slow)[0]
     fast = _neighbour(engine, shard)
-    store = TenantStore(
-        engine.client,
-        engine.keys,
-        bucket_ms=engine.settings.bucket_ms,
-        rates=DispatchRates.of(engine.store),
-    )
+    store = TenantStore(engine.client, engine.keys, rates=DispatchRates.of(engine.store))
     await store.create_tenant(slow, Limits(dispatch_rate=20.0))
     async with running_scheduler(engine) as scheduler:  # its rate sync keeps the copies
         await asyncio.sleep(0.2)
@@ -144,9 +137,7 @@ async def test_a_running_scheduler_keeps_a_tenant_to_its_rate(engine: Engine) ->
 
 async def test_changing_a_rate_moves_the_copies_and_keeps_other_limits(engine: Engine) -> None:
     rates = DispatchRates.of(engine.store)
-    store = TenantStore(
-        engine.client, engine.keys, bucket_ms=engine.settings.bucket_ms, rates=rates
-    )
+    store = TenantStore(engine.client, engine.keys, rates=rates)
     await store.create_tenant("changing", Limits(max_pending=7, dispatch_rate=10))
     shards = engine.store.shards_of("changing")
     tenant = await store.update_limits("changing", {"dispatch_rate": 40.0})
@@ -163,7 +154,7 @@ async def test_changing_a_rate_moves_the_copies_and_keeps_other_limits(engine: E
 
 
 async def test_concurrent_limit_changes_are_not_lost(engine: Engine) -> None:
-    store = TenantStore(engine.client, engine.keys, bucket_ms=engine.settings.bucket_ms)
+    store = TenantStore(engine.client, engine.keys)
     await store.create_tenant("racing", Limits())
     await asyncio.gather(
         *(store.update_limits("racing", {"max_pending": 100 + i}) for i in range(10)),

@@ -94,11 +94,33 @@ def _err(exc: pytest.ExceptionInfo[ApiError], status: int, code: str) -> None:
     assert exc.value.message
 
 
+UNSET_LIMITS = dict.fromkeys(
+    (
+        "max_payload_bytes",
+        "max_pending",
+        "dispatch_rate",
+        "max_payload_total_bytes",
+        "max_schedules",
+        "max_queues",
+        "min_interval_s",
+    )
+)
+"""A tenant's limits with none of its own set (each the deployment's default)."""
+
+
 def test_tenant_and_key_admin(api_server: ApiServer, admin: Client) -> None:
     name = _name("t")
-    created = admin.create_tenant(name, max_pending=10, max_payload_bytes=1000, dispatch_rate=5)
+    created = admin.create_tenant(
+        name, max_pending=10, max_payload_bytes=1000, dispatch_rate=5, max_queues=4
+    )
     assert created["id"] == name
-    assert created["limits"] == {"max_pending": 10, "max_payload_bytes": 1000, "dispatch_rate": 5}
+    assert created["limits"] == {
+        **UNSET_LIMITS,
+        "max_pending": 10,
+        "max_payload_bytes": 1000,
+        "dispatch_rate": 5,
+        "max_queues": 4,
+    }
     assert admin.get_tenant(name)["limits"]["dispatch_rate"] == 5
     # The tick enforces it from copies in the tenant's shards, which add up to the rate.
     assert sum(_rate_shares(api_server, name)) == pytest.approx(5)
@@ -155,7 +177,7 @@ def test_tenant_limits_change_and_clear(api_server: ApiServer, admin: Client) ->
     name = _name("t")
     admin.create_tenant(name, max_pending=10, dispatch_rate=5)
     changed = admin.update_tenant(name, {"dispatch_rate": 50})
-    assert changed["limits"] == {"max_pending": 10, "max_payload_bytes": None, "dispatch_rate": 50}
+    assert changed["limits"] == {**UNSET_LIMITS, "max_pending": 10, "dispatch_rate": 50}
     assert admin.get_tenant(name)["limits"] == changed["limits"]
     assert sum(_rate_shares(api_server, name)) == pytest.approx(50)
     cleared = admin.update_tenant(name, {"dispatch_rate": None, "max_pending": None})

@@ -158,6 +158,7 @@ _ONE_HOME = {
     "'PUBLISH'": "wake.lua",  # the scheduler's wake-up
     "'tokens'": "rate.lua",  # the dispatch rates' token buckets
     "'HSCAN'": "wheel.lua",  # draining wheel and expiry buckets
+    "'use:'": "usage.lua",  # what a tenant holds, counted for its limits
 }
 
 

@@ -22,6 +22,7 @@ from timewheel.api.tenants import TENANT_ENDPOINTS
 from timewheel.config import Settings
 from timewheel.dispatch.rates import DispatchRates
 from timewheel.engine import Engine
+from timewheel.limits import Limiter
 from timewheel.tenants import TenantStore
 
 ENDPOINTS: list[Endpoint] = [
@@ -50,11 +51,11 @@ def create_app(
     def attach(app: Starlette, eng: Engine) -> None:
         app.state.engine = eng
         app.state.creates = CreateCoalescer(eng.tasks)
+        app.state.limiter = Limiter(eng.store)
         app.state.tenant_store = TenantStore(
             eng.client,
             eng.keys,
             admin_key=eng.settings.admin_key,
-            bucket_ms=eng.settings.bucket_ms,
             rates=DispatchRates.of(eng.store),
         )
 

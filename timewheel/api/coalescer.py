@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 
-from timewheel.errors import RedisUnavailable, TimewheelError
+from timewheel.errors import RedisUnavailable, StorageFull, TimewheelError
 from timewheel.tasks.model import CreateResult, NewTask
 from timewheel.tasks.ops import TaskOps
 
@@ -59,7 +59,7 @@ class CreateCoalescer:
         try:
             try:
                 results = await self.tasks.create_many([new for new, _ in batch])
-            except RedisUnavailable as exc:
+            except (RedisUnavailable, StorageFull) as exc:
                 for _, future in batch:
                     if not future.done():
                         future.set_exception(exc)

@@ -12,6 +12,8 @@ from starlette.responses import JSONResponse, Response
 from timewheel.api.common import TIME, Cursor, PageSize, page_schema
 from timewheel.api.endpoints import Call, Endpoint
 from timewheel.api.fields import END, Maybe, Query, Schema
+from timewheel.api.tasks import limiter_of
+from timewheel.limits import Usage
 from timewheel.runs import dead_letters as deadletters
 from timewheel.types import ms_to_rfc3339
 
@@ -82,7 +84,10 @@ async def list_dead_letters(call: Call) -> Response:
 
 async def replay_dead_letter(call: Call) -> Response:
     run_id = call.path["run_id"]
-    due_ms = await deadletters.replay(call.engine.store, call.tenant_id, run_id)
+    tenant, limiter = await call.tenant(), limiter_of(call)
+    await limiter.check(tenant, Usage(runs=1))
+    due_ms = await deadletters.replay(call.engine.store, tenant.id, run_id)
+    limiter.note(tenant.id, Usage(runs=1))
     return JSONResponse({"run_id": run_id, "state": "scheduled", "run_at": ms_to_rfc3339(due_ms)})
 
 
@@ -99,7 +104,7 @@ DEAD_LETTER_ENDPOINTS = [
              response=DEAD_PAGE_OUT),
     Endpoint("POST", "/v1/dead-letters/{run_id}/replay", replay_dead_letter,
              "replayDeadLetter", "Put a dead run back into the wheel, due now",
-             response=REPLAY_OUT),
+             response=REPLAY_OUT, errors=(429, 507)),
     Endpoint("DELETE", "/v1/dead-letters/{run_id}", purge_dead_letter, "purgeDeadLetter",
              "Delete a dead run for good", response=PURGE_OUT),
 ]

@@ -15,6 +15,7 @@ from timewheel.errors import (
     PayloadTooLarge,
     PostgresUnavailable,
     RedisUnavailable,
+    StorageFull,
     TimewheelError,
     Unauthorized,
     ValidationError,
@@ -29,6 +30,7 @@ STATUS: tuple[tuple[type[TimewheelError], int], ...] = (
     (NotFound, 404),
     (Conflict, 409),
     (OverLimit, 429),
+    (StorageFull, 507),
     (RedisUnavailable, 503),
     (PostgresUnavailable, 503),
 )
@@ -70,10 +72,10 @@ def response_for(request: Request, exc: Exception) -> Response:
     """The response for any exception a handler raised."""
     if isinstance(exc, TimewheelError):
         status = status_of(exc)
-        if status >= 500:
+        if status >= 500 and not isinstance(exc, StorageFull):  # the guard logs its own
             log.warning("request_failed", path=request.url.path, error=str(exc))
         headers = None
-        if isinstance(exc, OverLimit):
+        if isinstance(exc, OverLimit) and exc.retry_after_s is not None:
             headers = {"Retry-After": str(exc.retry_after_s)}
         return JSONResponse({"error": error_body(exc)}, status_code=status, headers=headers)
     if isinstance(exc, HTTPException):

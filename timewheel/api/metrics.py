@@ -29,6 +29,13 @@ class ApiMetrics:
             registry=self.registry,
         )
 
+        self.storage_used = Gauge(
+            "timewheel_storage_used_ratio",
+            "The fullest Redis primary's memory in use over its storage guard ceiling "
+            "(maxmemory, or storage_max_bytes if lower); creates stop at "
+            "storage_guard_ratio. NaN when no node has a ceiling.",
+            registry=self.registry,
+        )
         self.clock_offset = Gauge(
             "timewheel_clock_offset_seconds",
             "Redis's clock minus this node's wall clock, as of the last TIME read (reported "

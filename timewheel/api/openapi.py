@@ -27,8 +27,11 @@ REASONS = {
     409: "state conflict (invalid_state, conflict)",
     413: "payload or body too large (payload_too_large)",
     422: "a field is invalid (invalid; field names it)",
-    429: "the tenant is over a limit (over_limit); see Retry-After",
+    429: "the tenant would pass one of its limits (over_limit; field names the limit); "
+    "see Retry-After",
     503: "Redis is unavailable (unavailable)",
+    507: "Redis is near its memory ceiling: creates are refused, nothing was written "
+    "(storage_full)",
 }
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import JSONResponse, Response
@@ -33,6 +34,8 @@ async def metrics(call: Call) -> Response:
     with contextlib.suppress(TimewheelError):  # the skew is reported; it decides nothing
         await store.clock.now_ms_fresh(store.client)
     api_metrics.clock_offset.set(store.clock.skew_ms / 1000.0)
+    ratio = await store.guard.used_ratio()  # a node that cannot be read counts as unknown
+    api_metrics.storage_used.set(math.nan if ratio is None else ratio)
     return Response(generate_latest(api_metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 from starlette.responses import JSONResponse, Response
 
 from timewheel.api import task_schemas as schemas
@@ -11,9 +9,17 @@ from timewheel.api.decode import BodyDecoder
 from timewheel.api.endpoints import Call, Endpoint
 from timewheel.api.errors import error_body, status_of
 from timewheel.archive.history import RunEvent, run_history
-from timewheel.errors import PayloadTooLarge, ValidationError
+from timewheel.engine import Engine
+from timewheel.errors import (
+    OverLimit,
+    PayloadTooLarge,
+    StorageFull,
+    TaskNotFound,
+    ValidationError,
+)
+from timewheel.limits import Limiter, Usage, runs_of
 from timewheel.tasks import listing as tasklist
-from timewheel.tasks.model import NewTask
+from timewheel.tasks.model import NewTask, Task
 from timewheel.tenants import Tenant
 from timewheel.types import ms_to_rfc3339
 
@@ -39,14 +45,32 @@ def event_json(e: RunEvent) -> dict[str, object]:
     }
 
 
-def _due_estimate(new: NewTask) -> int:
-    if new.run_at_ms is not None:
-        return new.run_at_ms
-    return int(time.time() * 1000) + (new.delay_ms or 0)
+def limiter_of(call: Call) -> Limiter:
+    limiter: Limiter = call.request.app.state.limiter
+    return limiter
+
+
+def freed_by(task: Task) -> Usage:
+    """What a task's end (cancel) takes from its tenant's usage, as lua/lib/usage.lua counts."""
+    if task.schedule_id is not None:  # a schedule's run: counted in Lua, not noted here
+        return Usage()
+    return Usage(-1, -len(task.payload_json.encode()), 0, {task.queue: -1})
+
+
+async def existing_task(engine: Engine, new: NewTask) -> Task | None:
+    """The task an idempotent create made already (a retry that finds it gets it back,
+    even when a limit or the storage guard would refuse a new one)."""
+    task_id = engine.tasks.task_id(new)
+    if task_id is None:
+        return None
+    try:
+        return await engine.tasks.get(new.tenant, task_id)
+    except TaskNotFound:
+        return None
 
 
 async def create_task(call: Call) -> Response:
-    engine, tenant = call.engine, await call.tenant()
+    engine, tenant, limiter = call.engine, await call.tenant(), limiter_of(call)
     new = schemas.new_task(
         call.body(schemas.TaskCreate),
         tenant.id,
@@ -55,10 +79,17 @@ async def create_task(call: Call) -> Response:
     )
     engine.tasks.check_payload(new.payload_json)
     check_tenant_payload(tenant, new.payload_json)
-    await call.store.check_pending(tenant, 1)
-    result = await call.request.app.state.creates.create(new)
+    adding = runs_of([new.payload_json], [new.queue])
+    try:
+        await limiter.check(tenant, adding)
+        result = await call.request.app.state.creates.create(new)
+    except (OverLimit, StorageFull):
+        found = await existing_task(engine, new)
+        if found is None:
+            raise
+        return JSONResponse(found.to_json(), status_code=200)
     if result.created:
-        await call.store.count_pending(tenant, [(result.due_ms, 1)])
+        limiter.note(tenant.id, adding)
     return JSONResponse(result.task.to_json(), status_code=201 if result.created else 200)
 
 
@@ -81,24 +112,27 @@ async def list_tasks(call: Call) -> Response:
 
 
 async def update_task(call: Call) -> Response:
-    engine, tenant = call.engine, await call.tenant()
+    engine, tenant, limiter = call.engine, await call.tenant(), limiter_of(call)
     task_id = call.path["task_id"]
     before = await engine.tasks.get(tenant.id, task_id)
     run_at_ms, delay_ms, payload_json = schemas.patch_values(call.body(schemas.TaskPatch))
+    growth = Usage()
     if payload_json is not None:
         check_tenant_payload(tenant, payload_json)
+        if before.schedule_id is None:
+            growth = Usage(bytes=len(payload_json.encode()) - len(before.payload_json.encode()))
+            await limiter.check(tenant, growth)
     task = await engine.tasks.update(
         tenant.id, task_id, run_at_ms=run_at_ms, delay_ms=delay_ms, payload_json=payload_json
     )
-    if task.due_ms != before.due_ms:
-        await call.store.count_pending(tenant, [(before.due_ms, -1), (task.due_ms, 1)])
+    limiter.note(tenant.id, growth)
     return JSONResponse(task.to_json())
 
 
 async def cancel_task(call: Call) -> Response:
     tenant = await call.tenant()
     task = await call.engine.tasks.cancel(tenant.id, call.path["task_id"])
-    await call.store.count_pending(tenant, [(task.due_ms, -1)])
+    limiter_of(call).note(tenant.id, freed_by(task))
     return JSONResponse(task.to_json())
 
 
@@ -107,8 +141,10 @@ _ITEM = BodyDecoder(schemas.TaskCreate)
 
 async def create_batch(call: Call) -> Response:
     """Up to MAX_BATCH creates; each item is decoded and answers on its own (status, task
-    or error; an item's error names its field within the item)."""
-    engine, tenant = call.engine, await call.tenant()
+    or error; an item's error names its field within the item), except that a batch that
+    would pass a limit of the tenant (429) or meets the storage guard (507) is refused as
+    a whole, with nothing written."""
+    engine, tenant, limiter = call.engine, await call.tenant(), limiter_of(call)
     items = call.body(schemas.TaskBatch).tasks
     results: list[dict[str, object] | None] = [None] * len(items)
     valid: list[tuple[int, NewTask]] = []
@@ -125,14 +161,14 @@ async def create_batch(call: Call) -> Response:
             valid.append((i, new))
         except ValidationError as exc:
             results[i] = {"status": status_of(exc), "error": error_body(exc)}
-    await call.store.check_pending(tenant, len(valid))
+    await limiter.check(
+        tenant, runs_of([new.payload_json for _, new in valid], [new.queue for _, new in valid])
+    )
     created = await engine.tasks.create_many([new for _, new in valid]) if valid else []
-    counted: list[tuple[int, int]] = []
+    made = [new for (_, new), res in zip(valid, created, strict=True) if res.created]
+    limiter.note(tenant.id, runs_of([n.payload_json for n in made], [n.queue for n in made]))
     for (i, _), res in zip(valid, created, strict=True):
-        if res.created:
-            counted.append((res.due_ms, 1))
         results[i] = {"status": 201 if res.created else 200, "task": res.task.to_json()}
-    await call.store.count_pending(tenant, counted)
     return JSONResponse({"results": results})
 
 
@@ -149,17 +185,18 @@ _TASK = "/v1/tasks/{task_id}"
 # fmt: off
 TASK_ENDPOINTS = [
     Endpoint("POST", "/v1/tasks", create_task, "createTask", "Schedule a one-shot task",
-             body=S.TaskCreate, status=201, response=S.TASK, errors=(429,), extra_statuses=(200,)),
+             body=S.TaskCreate, status=201, response=S.TASK, errors=(429, 507),
+             extra_statuses=(200,)),
     Endpoint("POST", "/v1/tasks/batch", create_batch, "createTasks",
              "Schedule up to 1,000 tasks (a body of at most 16 MiB); a result per item",
-             body=S.TaskBatch, response=S.BATCH_OUT, errors=(429,), max_body_bytes=16 << 20),
+             body=S.TaskBatch, response=S.BATCH_OUT, errors=(429, 507), max_body_bytes=16 << 20),
     Endpoint("GET", "/v1/tasks", list_tasks, "listTasks",
              "The tenant's tasks, filtered, a page at a time (follow next_cursor to null)",
              query=S.TaskQuery, response=S.TASK_PAGE_OUT),
     Endpoint("GET", _TASK, get_task, "getTask", "A task", response=S.TASK),
     Endpoint("PATCH", _TASK, update_task, "updateTask",
              "Reschedule and/or replace the payload (while scheduled)", body=S.TaskPatch,
-             response=S.TASK, errors=(409,)),
+             response=S.TASK, errors=(409, 429)),
     Endpoint("DELETE", _TASK, cancel_task, "cancelTask", "Cancel (while scheduled)",
              response=S.TASK, errors=(409,)),
     Endpoint("GET", _TASK + "/runs", task_runs, "getTaskRuns", "The run's history",

@@ -18,11 +18,36 @@ PayloadBytes = Annotated[
     int, Meta(ge=1, le=64 * 1024 * 1024, description="at most the deployment's limit")
 ]
 Pending = Annotated[
-    int, Meta(ge=1, le=10**12, description="most scheduled runs (estimate); over it: 429")
+    int,
+    Meta(
+        ge=1,
+        le=10**12,
+        description="most runs not finished (scheduled, in flight, retrying); over it: 429",
+    ),
 ]
 Rate = Annotated[
     float,
     Meta(ge=0.001, le=1e9, description="most runs/s dispatched for the tenant; the rest wait"),
+]
+TotalBytes = Annotated[
+    int,
+    Meta(
+        ge=1,
+        le=10**15,
+        description="most payload bytes held (runs not finished, dead letters, schedules); 429",
+    ),
+]
+Schedules = Annotated[int, Meta(ge=1, le=10**9, description="most schedules; over it: 429")]
+Queues = Annotated[
+    int, Meta(ge=1, le=10**6, description="most queues in use at once; over it: 429")
+]
+Interval = Annotated[
+    float,
+    Meta(
+        ge=1,
+        le=366 * 86400,
+        description="shortest time between a schedule's fire times, s; closer: 422",
+    ),
 ]
 
 
@@ -32,14 +57,22 @@ class TenantLimits(Body):
     max_payload_bytes: Maybe[PayloadBytes] = UNSET
     max_pending: Maybe[Pending] = UNSET
     dispatch_rate: Maybe[Rate] = UNSET
+    max_payload_total_bytes: Maybe[TotalBytes] = UNSET
+    max_schedules: Maybe[Schedules] = UNSET
+    max_queues: Maybe[Queues] = UNSET
+    min_interval_s: Maybe[Interval] = UNSET
 
 
 class TenantLimitsPatch(Body):
-    """the limits to change; null clears one (no limit, or the default)"""
+    """the limits to change; null clears one (the deployment's default)"""
 
     max_payload_bytes: Maybe[PayloadBytes | None] = UNSET
     max_pending: Maybe[Pending | None] = UNSET
     dispatch_rate: Maybe[Rate | None] = UNSET
+    max_payload_total_bytes: Maybe[TotalBytes | None] = UNSET
+    max_schedules: Maybe[Schedules | None] = UNSET
+    max_queues: Maybe[Queues | None] = UNSET
+    min_interval_s: Maybe[Interval | None] = UNSET
 
 
 class TenantCreate(Body):
@@ -67,7 +100,12 @@ TENANT_OUT: Schema = {
                 "max_payload_bytes": {"type": ["integer", "null"]},
                 "max_pending": {"type": ["integer", "null"]},
                 "dispatch_rate": {"type": ["number", "null"]},
+                "max_payload_total_bytes": {"type": ["integer", "null"]},
+                "max_schedules": {"type": ["integer", "null"]},
+                "max_queues": {"type": ["integer", "null"]},
+                "min_interval_s": {"type": ["number", "null"]},
             },
+            "description": "the tenant's own limits; null: the deployment's default",
         },
         "created_at_ms": {"type": "integer"},
     },

@@ -1,7 +1,9 @@
 """`timewheel task|dlq|tenant|schedule ...`: the HTTP API from a shell, through the SDK.
 
 Output is a table for people or JSON with --json. A refused request prints one line
-(`timewheel: 404 not_found: ...`) and exits 1; a bad argument exits 2 (argparse).
+(`timewheel: 404 not_found: ...`) and exits 1; a bad argument exits 2 (argparse), and so
+does a create the deployment is too full to take (507 storage_full: nothing was created,
+and retrying will not help until an operator frees memory).
 """
 
 from __future__ import annotations
@@ -59,6 +61,18 @@ def _positive_float(text: str) -> float:
     if not (math.isfinite(value) and value > 0):
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive number")
     return value
+
+
+LIMIT_OPTIONS: tuple[tuple[str, Callable[[str], Any]], ...] = (
+    ("--max-payload-bytes", _positive_int),
+    ("--max-pending", _positive_int),
+    ("--dispatch-rate", _positive_float),
+    ("--max-payload-total-bytes", _positive_int),
+    ("--max-schedules", _positive_int),
+    ("--max-queues", _positive_int),
+    ("--min-interval-s", _positive_float),
+)
+"""A tenant's limits as options of `tenant create` and `tenant update`."""
 
 
 def _connection(p: argparse.ArgumentParser) -> None:
@@ -143,15 +157,14 @@ def add_client_commands(sub: Any) -> None:
     nsub = tenant.add_subparsers(dest="action", required=True)
     tcreate = nsub.add_parser("create", help="register a tenant")
     tcreate.add_argument("tenant_id")
-    tcreate.add_argument("--max-payload-bytes", type=_positive_int)
-    tcreate.add_argument("--max-pending", type=_positive_int)
-    tcreate.add_argument("--dispatch-rate", type=_positive_float)
-    _connection(tcreate)
-    tupdate = nsub.add_parser("update", help="change a tenant's limits ('none' clears one)")
+    tupdate = nsub.add_parser(
+        "update", help="change a tenant's limits ('none' clears one: the default applies)"
+    )
     tupdate.add_argument("tenant_id")
-    tupdate.add_argument("--max-payload-bytes", type=_or_none(_positive_int), default=_UNSET)
-    tupdate.add_argument("--max-pending", type=_or_none(_positive_int), default=_UNSET)
-    tupdate.add_argument("--dispatch-rate", type=_or_none(_positive_float), default=_UNSET)
+    for option, parse in LIMIT_OPTIONS:
+        tcreate.add_argument(option, type=parse)
+        tupdate.add_argument(option, type=_or_none(parse), default=_UNSET)
+    _connection(tcreate)
     _connection(tupdate)
     key = nsub.add_parser("key", help="issue a key for a tenant (or --revoke KEY_ID)")
     key.add_argument("tenant_id")
@@ -241,22 +254,21 @@ def _dlq(tw: Client, args: argparse.Namespace) -> tuple[Any, str]:
     return out, f"{out['run_id']} purged"
 
 
+def _limit_name(option: str) -> str:
+    return option.removeprefix("--").replace("-", "_")
+
+
 def _tenant(tw: Client, args: argparse.Namespace) -> tuple[Any, str]:
+    names = [_limit_name(option) for option, _ in LIMIT_OPTIONS]
     if args.action == "create":
-        tenant = tw.create_tenant(
-            args.tenant_id,
-            max_payload_bytes=args.max_payload_bytes,
-            max_pending=args.max_pending,
-            dispatch_rate=args.dispatch_rate,
-        )
+        given = {n: getattr(args, n) for n in names}
+        tenant = tw.create_tenant(args.tenant_id, **given)
         return tenant, _record(dict(tenant))
     if args.action == "update":
-        names = ("max_payload_bytes", "max_pending", "dispatch_rate")
         limits = {n: getattr(args, n) for n in names if getattr(args, n) is not _UNSET}
         if not limits:
-            raise ValidationError(
-                "tenant update: give --max-payload-bytes, --max-pending or --dispatch-rate"
-            )
+            options = ", ".join(option for option, _ in LIMIT_OPTIONS)
+            raise ValidationError(f"tenant update: give {options}")
         tenant = tw.update_tenant(args.tenant_id, limits)
         return tenant, _record(dict(tenant))
     if args.revoke:

@@ -23,7 +23,13 @@ from timewheel.cli.parser import build_parser, http_options
 from timewheel.cli.serve import serve
 from timewheel.config import Settings
 from timewheel.engine import Engine
-from timewheel.errors import ConfigError, Conflict, TimewheelError, ValidationError
+from timewheel.errors import (
+    ConfigError,
+    Conflict,
+    StorageFullError,
+    TimewheelError,
+    ValidationError,
+)
 from timewheel.logs import configure
 from timewheel.runs.webhook import WebhookExecutor
 from timewheel.runs.worker import Handler, Worker
@@ -124,7 +130,7 @@ async def _run_dev(args: argparse.Namespace) -> None:
 
 async def _dev_tenant_key(engine: Engine) -> str:
     """Register tenant `default` if it is not, and issue a key for it."""
-    store = TenantStore(engine.client, engine.keys, bucket_ms=engine.settings.bucket_ms)
+    store = TenantStore(engine.client, engine.keys)
     with contextlib.suppress(Conflict):
         await store.create_tenant("default", Limits())
     _, key = await store.issue_key("default")
@@ -298,7 +304,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         configure(getattr(args, "log_level", "info"), json=getattr(args, "log_json", False))
     try:
         return _dispatch(args)
-    except (ConfigError, ValidationError) as exc:
+    except (ConfigError, ValidationError, StorageFullError) as exc:
         print(f"timewheel: {exc}", file=sys.stderr)
         return 2
     except TimewheelError as exc:

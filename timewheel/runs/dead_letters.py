@@ -89,8 +89,10 @@ def _purged(run_id: str) -> Any:
 
 
 async def replay(store: Store, tenant: str, run_id: str) -> int:
-    """Put a dead-lettered run back into the wheel, due now, attempt reset; returns due_ms."""
+    """Put a dead-lettered run back into the wheel, due now, attempt reset; returns due_ms.
+    StorageFull (nothing changed) when the shard's node is near its memory ceiling."""
     shard = store.locate(run_id)
+    await store.guard.check([shard])
     k = store.keys
     call = Call(
         store.scripts.dead_replay,

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from redis.exceptions import RedisError
@@ -42,6 +42,10 @@ UPDATE_TRIES = 5
 """How often update reads again when the schedule changed under it."""
 MAX_FIRES_PER_CALL = 1000
 """Most fire times one create, update or materialize call plans (bounds the call)."""
+
+Admit = Callable[[Schedule, int], Awaitable[None]]
+"""Asked before trigger or backfill writes: the schedule and how many runs it would add;
+raising refuses them (a tenant's limits, say)."""
 
 
 def fires_arg(fires: Sequence[int]) -> str:
@@ -102,17 +106,27 @@ class ScheduleOps:
         fires, after = await asyncio.to_thread(plan_fires, spec, cursor, until, MAX_FIRES_PER_CALL)
         return cursor, fires, after
 
-    async def create(self, new: NewSchedule, *, now_ms: int | None = None) -> tuple[Schedule, bool]:
-        """Store a schedule and materialize its first runs; returns (schedule, created).
-        An idempotency key already used by this tenant returns the existing schedule."""
-        self.tasks.check_payload(new.payload_json)
+    def _new_id(self, new: NewSchedule) -> tuple[int, str]:
+        """The shard and id of a new schedule (derived from its idempotency key, if any)."""
         if new.idempotency_key is not None:
             token = ids.idempotent_token(new.tenant, "schedule\0" + new.idempotency_key)
         else:
             token = ids.new_token()
         s = self.store.settings
         shard = ids.shard_for(new.tenant, token, s.default_spread, s.shards)
-        sid = ids.make_task_id(shard, token)
+        return shard, ids.make_task_id(shard, token)
+
+    def schedule_id(self, new: NewSchedule) -> str | None:
+        """The id a create with an idempotency key gives its schedule (None without one)."""
+        return self._new_id(new)[1] if new.idempotency_key is not None else None
+
+    async def create(self, new: NewSchedule, *, now_ms: int | None = None) -> tuple[Schedule, bool]:
+        """Store a schedule and materialize its first runs; returns (schedule, created).
+        An idempotency key already used by this tenant returns the existing schedule.
+        StorageFull (nothing written) when its shard's node is near its memory ceiling."""
+        self.tasks.check_payload(new.payload_json)
+        shard, sid = self._new_id(new)
+        await self.store.guard.check([shard])
         _, keys = self._schedule_keys(sid)
         now = await self._now(now_ms)
         spec = new.spec
@@ -205,11 +219,14 @@ class ScheduleOps:
         """Change a schedule: its materialized runs not yet sent are replaced at once.
 
         The new fire times are computed from the schedule as read; the script refuses if
-        it changed meanwhile, and the read and the computation start again."""
+        it changed meanwhile, and the read and the computation start again. A schedule
+        not paused plans runs again: StorageFull near the memory ceiling."""
         if changes.payload_json is not None:
             self.tasks.check_payload(changes.payload_json)
         for _ in range(UPDATE_TRIES):
             current = await self.get(tenant, sid)
+            if current.state != "paused":
+                await self.store.guard.check([self.store.locate(sid)])
             if await self._update_once(current, changes, now_ms):
                 return await self.get(tenant, sid)
         raise ScriptError(f"schedule {sid} kept changing during {UPDATE_TRIES} update tries")
@@ -303,17 +320,30 @@ class ScheduleOps:
         reply = await self.store.write(call)
         return int(reply[1])
 
-    async def trigger(self, tenant: str, sid: str, *, now_ms: int | None = None) -> str:
-        """One run now, id '<sid>@manual-<ms>', exempt from catchup and overlap; its run id."""
+    async def trigger(
+        self, tenant: str, sid: str, *, now_ms: int | None = None, admit: Admit | None = None
+    ) -> str:
+        """One run now, id '<sid>@manual-<ms>', exempt from catchup and overlap; its run id.
+        StorageFull near the memory ceiling; `admit` is asked first."""
+        if admit is not None:
+            await admit(await self.get(tenant, sid), 1)
         reply = await self._add_runs(tenant, sid, "manual", [], now_ms)
         return text(reply[3])
 
     async def backfill(
-        self, tenant: str, sid: str, from_ms: int, to_ms: int, *, now_ms: int | None = None
+        self,
+        tenant: str,
+        sid: str,
+        from_ms: int,
+        to_ms: int,
+        *,
+        now_ms: int | None = None,
+        admit: Admit | None = None,
     ) -> tuple[int, int]:
         """Materialize every fire time in [from_ms, to_ms] (at most MAX_BACKFILL), sent at
         once, oldest first; fire times that already have a run are not run again.
-        Returns (added, existing)."""
+        Returns (added, existing). StorageFull near the memory ceiling; `admit` is asked
+        with the number of fire times first."""
         current = await self.get(tenant, sid)
         if to_ms < from_ms:
             raise ValidationError("to is before from", field="to")
@@ -325,6 +355,8 @@ class ScheduleOps:
                 f"the range holds more than {MAX_BACKFILL} fire times; backfill it in parts",
                 field="to",
             )
+        if admit is not None:
+            await admit(current, len(fires))
         reply = await self._add_runs(tenant, sid, "backfill", fires, now_ms)
         return int(reply[1]), int(reply[2])
 
@@ -332,6 +364,7 @@ class ScheduleOps:
         self, tenant: str, sid: str, origin: str, fires: Sequence[int], now_ms: int | None
     ) -> list[Any]:
         shard, keys = self._schedule_keys(sid)
+        await self.store.guard.check([shard])
         call = Call(
             self.store.scripts.schedule_add_runs,
             keys,

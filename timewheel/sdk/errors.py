@@ -11,6 +11,7 @@
     │   ├── UnprocessableError    422 a field is invalid (`field` names it)
     │   ├── RateLimitedError      429 (`retry_after_s`)
     │   └── ServerError           5xx
+    │       └── StorageFullError  507 Redis is near its memory ceiling: creates refused
     └── TransportError            the server could not be reached (after the SDK's retries)
 
 They are importable from timewheel.errors too.
@@ -77,6 +78,12 @@ class RateLimitedError(ApiError):
 
 class ServerError(ApiError):
     """5xx: the server failed (or Redis is unavailable: 503)."""
+
+
+class StorageFullError(ServerError):
+    """507 storage_full: the deployment's Redis is near its memory ceiling, so creates are
+    refused and nothing was written; reads, cancels and deletes still work. It clears as
+    work finishes or an operator frees memory; retrying at once will not help."""
 
 
 class TransportError(TimewheelError):

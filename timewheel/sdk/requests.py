@@ -23,6 +23,7 @@ from timewheel.sdk.errors import (
     PermissionDeniedError,
     RateLimitedError,
     ServerError,
+    StorageFullError,
     TransportError,
     UnprocessableError,
 )
@@ -39,6 +40,7 @@ ERRORS: dict[int, type[ApiError]] = {
     413: PayloadTooLargeError,
     422: UnprocessableError,
     429: RateLimitedError,
+    507: StorageFullError,
 }
 
 State = StateName
@@ -204,6 +206,10 @@ class TenantLimits(TypedDict, total=False):
     max_payload_bytes: int | None
     max_pending: int | None
     dispatch_rate: float | None
+    max_payload_total_bytes: int | None
+    max_schedules: int | None
+    max_queues: int | None
+    min_interval_s: float | None
 
 
 Schedule = dict[str, Any]

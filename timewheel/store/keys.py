@@ -95,6 +95,11 @@ class Keys:
         emptied into the per-tenant ones by lua/schedule_due.lua."""
         return self.tag(shard) + "plan"
 
+    def usage(self, shard: int, tenant: str) -> str:
+        """HASH runs, bytes, schedules, q:<queue>: what the tenant holds in this shard,
+        kept by the Lua operations that change it (lua/lib/usage.lua; timewheel/limits.py)."""
+        return f"{self.tag(shard)}use:{tenant}"
+
     def stream(self, shard: int, tenant: str, queue: str) -> str:
         """STREAM of dispatched runs of one (tenant, queue) in one shard."""
         return f"{self.tag(shard)}q:{tenant}:{queue}"
@@ -150,11 +155,6 @@ class Keys:
     def tenant_keys(self, tenant: str) -> str:
         """HASH key id -> sha256 hex: a tenant's keys, so one can be revoked by its id."""
         return f"{self.prefix}:tenantkeys:{tenant}"
-
-    def pending(self, tenant: str) -> str:
-        """HASH due-bucket start ms -> count of the tenant's scheduled runs created through
-        the API with that due bucket (the max_pending estimate; timewheel/tenants.py)."""
-        return f"{self.prefix}:pending:{tenant}"
 
     def shard_of_key(self, key: str) -> int:
         """The shard number in a key built here."""

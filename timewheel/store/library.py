@@ -64,6 +64,7 @@ LIBS = (
     "clock",
     "wheel",
     "record",
+    "usage",
     "wake",
     "events",
     "lease",

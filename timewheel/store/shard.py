@@ -22,6 +22,7 @@ from timewheel.errors import RedisUnavailable, TaskNotFound
 from timewheel.store import deployment
 from timewheel.store.clock import RedisClock
 from timewheel.store.connection import RedisClient, connect
+from timewheel.store.guard import StorageGuard
 from timewheel.store.keys import Keys
 from timewheel.store.library import Script, ScriptArg, Scripts
 from timewheel.store.pipeline import run_pipeline
@@ -57,6 +58,8 @@ class Store:
         """Replicas a client's write waits for (WAIT) before it is answered."""
         self.clock = RedisClock()
         """This process's estimate of Redis's time (store/clock.py)."""
+        self.guard = StorageGuard(client, settings, self.keys)
+        """What a create asks before it writes (StorageFull near the memory ceiling)."""
 
     @classmethod
     async def connect(cls, settings: Settings) -> Store:

@@ -88,6 +88,14 @@ class TaskOps:
 
     # -- create ------------------------------------------------------------------------
 
+    def task_id(self, new: NewTask) -> str | None:
+        """The id a create with an idempotency key gives its task (None without one)."""
+        if new.idempotency_key is None:
+            return None
+        token = ids.idempotent_token(new.tenant, new.idempotency_key)
+        s = self.store.settings
+        return ids.make_task_id(ids.shard_for(new.tenant, token, s.default_spread, s.shards), token)
+
     def prepare(self, new: NewTask) -> PreparedCreate:
         """Validate a create and give it its id, shard and task_create.lua values.
 
@@ -150,15 +158,20 @@ class TaskOps:
         Raises:
             ValidationError: a name or time is malformed.
             PayloadTooLarge: the payload is over the configured limit.
+            StorageFull: the shard's Redis node is near its memory ceiling.
         """
-        [call] = self.create_calls([self.prepare(new)], now_ms)
+        prepared = self.prepare(new)
+        await self.store.guard.check([prepared.shard])
+        [call] = self.create_calls([prepared], now_ms)
         [(_, result)] = await self.store.write(call)
         return result
 
     async def create_many(self, batch: Sequence[NewTask]) -> list[CreateResult]:
         """Create many tasks: one task_create.lua call per shard (and chunk), all in one
-        pipeline (on Cluster, one per node, sent concurrently); results in batch order."""
+        pipeline (on Cluster, one per node, sent concurrently); results in batch order.
+        StorageFull if any of their shards' nodes is near its ceiling: none is written."""
         prepared = [self.prepare(new) for new in batch]
+        await self.store.guard.check(p.shard for p in prepared)
         calls = self.create_calls(prepared)
         by_request = {
             id(p): result for chunk in await self.store.write_many(calls) for p, result in chunk
