@@ -38,7 +38,7 @@ def test_redis_conf_starts_a_durable_loopback_server_in_the_given_dir(tmp_path: 
         assert (config["appendonly"], config["appendfsync"]) == ("yes", "always")
         assert config["maxmemory-policy"] == "noeviction"
         client.set("k", "v")
-        client.execute_command("BGREWRITEAOF")
+        client.bgrewriteaof()
         assert (tmp_path / "appendonlydir").is_dir()
     finally:
         client.close()
