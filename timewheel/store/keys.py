@@ -126,6 +126,12 @@ class Keys:
         """HASH tenant -> 'tokens:stamp_ms': the tick's token buckets (lua/lib/rate.lua)."""
         return self.tag(shard) + "tokens"
 
+    def audit_scratch(self, shard: int, pass_id: str) -> str:
+        """HASH run id -> attempt, with a short TTL: the runs an audit pass found out
+        (dispatched) in the shard and has not yet seen in their ready stream
+        (lua/audit_records.lua, audit_stream.lua, audit_confirm.lua)."""
+        return f"{self.tag(shard)}audit:{pass_id}"
+
     def lease(self, shard: int) -> str:
         """STRING '<node>/<epoch>' with a TTL: who may run scheduler scripts on the shard."""
         return self.tag(shard) + "lease"

@@ -58,7 +58,16 @@ OPERATIONS = (
     "schedule_materialize",
     "restore_schedule",
     "restore_runs",
+    "audit_shard",
+    "audit_records",
+    "audit_stream",
+    "audit_confirm",
+    "audit_near",
+    "audit_far",
+    "audit_schedules",
 )
+READ_ONLY = ("audit_shard", "audit_near", "audit_far", "audit_schedules")
+"""Operations registered with the no-writes flag: Redis refuses any write they attempt."""
 LIBS = (
     "hash",
     "clock",
@@ -74,6 +83,7 @@ LIBS = (
     "lag",
     "rate",
     "delivery",
+    "audit",
 )
 """lua/lib/ helpers in library order: each after the helpers it calls."""
 _INCLUDE = re.compile(r"^--!include (\S+)\s*$", re.MULTILINE)
@@ -128,10 +138,14 @@ class Library:
         for op, body in bodies.items():
             # The operation's chunk becomes a function of (KEYS, ARGV): its top-level
             # locals are per call, the helpers above are the library's, built once.
-            parts.append(
-                f"local function op_{op}(KEYS, ARGV)\n{body}\nend\n"
-                f"redis.register_function('{function_name(version, op)}', op_{op})"
+            name = function_name(version, op)
+            register = (
+                f"redis.register_function{{function_name='{name}', callback=op_{op}, "
+                "flags={'no-writes'}}"
+                if op in READ_ONLY
+                else f"redis.register_function('{name}', op_{op})"
             )
+            parts.append(f"local function op_{op}(KEYS, ARGV)\n{body}\nend\n{register}")
         return cls(f"timewheel_{version}", version, "\n".join(parts) + "\n")
 
     async def load(self, client: RedisClient) -> None:
@@ -217,6 +231,13 @@ class Scripts:
     schedule_materialize: Script
     restore_schedule: Script
     restore_runs: Script
+    audit_shard: Script
+    audit_records: Script
+    audit_stream: Script
+    audit_confirm: Script
+    audit_near: Script
+    audit_far: Script
+    audit_schedules: Script
 
     def all(self) -> list[Script]:
         return [getattr(self, name) for name in OPERATIONS]

@@ -1,0 +1,69 @@
+--[[ audit_far: check far buckets of one shard, one bounded step of members at a time
+  (read only; docs/operations/auditing.md).
+  KEYS[1 ..] bucket  HASH tag..'w:'..start, member -> '', each of the same shard (the tag
+                     is KEYS[1] up to '}:'), read in order
+  ARGV[1] HSCAN cursor in KEYS[1] ('0' = from its start)   ARGV[2] limit: members per call
+          (<= 500; a listpack-encoded bucket answers whole, up to 1,024)   ARGV[3] bucket_ms
+  Derived keys (same tag): meta, wheel, t:<xy>.
+  Returns: {done, cursor, examined, findings...}   done: how many of KEYS were read to
+           their end; cursor: where to go on in KEYS[done + 1]; findings 6 values each, as
+           audit_records.
+  Errors:  none.
+  Checks: every member has a record (record_missing) that says scheduled
+  (wheel_member_stale), due within its bucket and not before promoted_until
+  (wheel_misplaced: the tick never reads far buckets); the bucket is in the wheel index,
+  which the promoter reads (not_in_wheel for each of its runs otherwise). ]]
+local rcall = redis.call
+local cursor, limit, bucket_ms = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local tag = string.match(KEYS[1], '^(.-}:)')
+
+--!include lib/record.lua
+--!include lib/wheel.lua
+--!include lib/audit.lua
+
+local out = { 0, '0', 0 }
+local promoted = wheel_promoted_until(tag .. 'meta')
+
+local function check_member(start, indexed, run_id)
+  local r, raw = audit_read(tag, run_id)
+  if raw == nil then
+    audit_add(out, 'record_missing', '', run_id, '', 'in the far bucket w:' .. start
+      .. ' but it has no record')
+    return
+  elseif r == nil then
+    return  -- does not decode: audit_records reports it
+  end
+  local tenant, due = r[R_TENANT], r[R_DUE]
+  if r[R_STATE] ~= ST_SCHEDULED then
+    audit_add(out, 'wheel_member_stale', tenant, run_id, '', string.format(
+      'in the far bucket w:%s but its record says state %d', start, r[R_STATE]))
+  elseif audit_bucket(due, bucket_ms) ~= start then
+    audit_add(out, 'wheel_misplaced', tenant, run_id, '', string.format(
+      'in the far bucket w:%s but due %d, in w:%s', start, due, audit_bucket(due, bucket_ms)))
+  elseif due < promoted then
+    audit_add(out, 'wheel_misplaced', tenant, run_id, '', string.format(
+      'in the far bucket w:%s but due %d, before promoted_until %d', start, due, promoted))
+  elseif not indexed then
+    audit_add(out, 'not_in_wheel', tenant, run_id, '', 'its far bucket w:' .. start
+      .. ' is not in the wheel index: the promoter never moves it',
+      string.format('%d', r[R_ATTEMPT]))
+  end
+end
+
+local done, examined = 0, 0
+while done < #KEYS and examined < limit do
+  local bucket_key = KEYS[done + 1]
+  local start = string.sub(bucket_key, #tag + 3)
+  local indexed = rcall('ZSCORE', tag .. 'wheel', start) ~= false
+  local next_cursor, flat = audit_scan(bucket_key, cursor, limit - examined)
+  for i = 1, #flat, 2 do
+    check_member(start, indexed, wheel_run_id(tag, flat[i]))
+  end
+  examined = examined + #flat / 2
+  cursor = next_cursor
+  if cursor == '0' then
+    done = done + 1
+  end
+end
+out[1], out[2], out[3] = done, cursor, examined
+return out

@@ -1,0 +1,114 @@
+--[[ audit_records: check a shard's run records, one bounded step at a time, body hash by
+  body hash (t:<xy>, 1,024 per shard; docs/operations/auditing.md).
+  KEYS[1] meta     HASH tag..'meta' (the tag is KEYS[1] minus 'meta')
+  KEYS[2] scratch  HASH tag..'audit:'..pass, run id -> the attempt it is out with: every
+                   run this call finds out (dispatched), for audit_stream to take off and
+                   audit_confirm to judge; its TTL is set to ARGV[7]
+  ARGV[1] body hash to go on from (0 .. 1023)   ARGV[2] HSCAN cursor within it
+  ARGV[3] limit: records examined per call (<= 500; a listpack-encoded hash answers whole,
+          so a call reads at most one hash, up to 1,024 records, past it)
+  ARGV[4] now_ms override ('' = TIME)   ARGV[5] overdue_ms: a run still in the wheel this
+          long after its due time is overdue   ARGV[6] bucket_ms   ARGV[7] scratch TTL ms
+  ARGV[8] backlog ('1': the shard has more due than a tick takes, audit_shard)
+  Derived keys (same tag): t:<xy>, near:<tenant>, w:<bucket>, s:<sid> and the records of
+  its runs, lease, due, rates, tokens.
+  Returns: {index, cursor, examined, findings...}   the body hash and HSCAN cursor to go on
+           from (index 1024: every hash is read); findings 6 values each: kind, tenant,
+           id, reason, detail, data (timewheel/audit/calls.py).
+  Errors:  none.
+  Checks per record: it decodes (record_corrupt); a scheduled run is in exactly one level
+  (wheel_duplicate); one due more than overdue_ms ago is overdue, with why; a run held back
+  by its schedule (overlap buffer_one) is out of the wheel on purpose while the schedule's
+  run in flight is out (held_stuck otherwise). A scheduled run in no level, and a
+  dispatched one, is out (or lost from the wheel): it goes to the scratch hash, and its
+  ready stream decides. ]]
+local rcall = redis.call
+local meta_key, scratch_key = KEYS[1], KEYS[2]
+local index, cursor, limit = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
+local now_override, overdue_ms, bucket_ms = ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6])
+local scratch_ttl, backlog = ARGV[7], ARGV[8] == '1'
+local tag = string.sub(meta_key, 1, -5)
+
+--!include lib/record.lua
+--!include lib/clock.lua
+--!include lib/schedule.lua
+--!include lib/audit.lua
+
+local now = clock_shard_ms(meta_key, now_override)
+local ctx = audit_ctx(tag, now, backlog)
+local out = { 0, '0', 0 }
+local wrote = false
+
+local function out_with(run_id, attempt)
+  rcall('HSET', scratch_key, run_id, attempt)
+  wrote = true
+end
+
+local function held_ok(sid)
+  local inflight = rcall('HGET', schedule_key(tag, sid), 'inflight')
+  if not inflight then
+    return false, 'none'
+  end
+  local ok, live = pcall(schedule_run_live, tag, inflight)
+  return ok and live, inflight
+end
+
+local function check(run_id, raw)
+  local r = audit_decode(raw)
+  if r == nil then
+    audit_add(out, 'record_corrupt', '', run_id, '', 'its record does not decode')
+    return
+  end
+  local state, tenant, due = r[R_STATE], r[R_TENANT], r[R_DUE]
+  if state == ST_DISPATCHED then
+    out_with(run_id, r[R_ATTEMPT])
+    return
+  end
+  if state ~= ST_SCHEDULED then
+    return
+  end
+  local near, far, held = audit_where(tag, run_id, r, bucket_ms)
+  if held then
+    local ok, inflight = held_ok(r[R_SCHEDULE])
+    if not ok then
+      audit_add(out, 'held_stuck', tenant, run_id, '', 'held back by schedule '
+        .. r[R_SCHEDULE] .. ' until its run in flight (' .. inflight
+        .. ') finishes, but that run is not out')
+    end
+    return
+  end
+  if not near and not far then
+    out_with(run_id, r[R_ATTEMPT] + 1)
+    return
+  end
+  local bucket = audit_bucket(due, bucket_ms)
+  if near and far then
+    audit_add(out, 'wheel_duplicate', tenant, run_id, '', 'in near:' .. tenant
+      .. ' and in the far bucket w:' .. bucket .. ': it would be sent twice')
+  end
+  if due < now - overdue_ms then
+    local level = near and 'near' or 'far'
+    audit_add(out, 'overdue', tenant, run_id, audit_late_reason(ctx, tenant, level),
+      string.format('due %d, %d ms ago, still in the %s level', due, now - due, level))
+  end
+end
+
+local examined = 0
+while index < 1024 and examined < limit do
+  local bkey, xy = audit_body_key(tag, index)
+  local next_cursor, flat = audit_scan(bkey, cursor, limit - examined)
+  for i = 1, #flat, 2 do
+    check(audit_run_id(tag, xy, flat[i]), flat[i + 1])
+  end
+  examined = examined + #flat / 2
+  if next_cursor == '0' then
+    index, cursor = index + 1, '0'
+  else
+    cursor = next_cursor
+  end
+end
+if wrote then
+  rcall('PEXPIRE', scratch_key, scratch_ttl)
+end
+out[1], out[2], out[3] = index, cursor, examined
+return out

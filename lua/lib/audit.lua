@@ -1,0 +1,180 @@
+-- The audit's reads (docs/operations/auditing.md): what lua/audit_*.lua share. They
+-- decode records defensively, tell where a run sits in the wheel, and collect findings.
+-- Calls lib/record.lua, lib/wheel.lua, lib/schedule.lua and lib/rate.lua (before it in
+-- LIBS). r below is a record as record_read gives it.
+--
+--   AUDIT_ALPHABET   the 32 characters of ids (timewheel/ids.py ALPHABET): a shard's body
+--       hashes are t:<two of them>, 1,024 in all.
+--   audit_body_key(tag, index) -> bkey, xy   the index-th body hash (0 .. 1023).
+--   audit_run_id(tag, xy, field) -> run_id   a body field's run id (body_field undone).
+--   audit_scan(key, cursor, count) -> cursor, flat   one bounded HSCAN step.
+--   audit_decode(raw) -> r | nil   a record, or nil when it does not decode into one.
+--   audit_read(tag, run_id) -> r | nil, raw   the stored record (r nil: none or corrupt;
+--       raw tells which).
+--   audit_bucket(due_ms, bucket_ms) -> text   the far bucket start of a due time.
+--   audit_where(tag, run_id, r, bucket_ms) -> near_score | nil, in_far, held   where a
+--       stored-as-scheduled run is: its near level score, whether its far bucket holds
+--       it, whether its schedule holds it back (overlap buffer_one).
+--   audit_sent_attempt(tag, run_id, r, bucket_ms) -> attempt | nil   the attempt a run is
+--       out with: a record that says dispatched, or one that says scheduled and sits in
+--       no level and is not held (sent, or lost from the wheel: only the ready stream
+--       tells); nil for a run that is not out.
+--   audit_visibility_ms(r, default_ms) -> ms   the run's executor lease.
+--   audit_late_reason(ctx, tenant, level) -> reason   why a run of this level ('near' or
+--       'far') is late: 'unowned' (no lease: no scheduler node holds the shard),
+--       'rate_held' (dispatch_rate holds the tenant back: its due entry is in the future),
+--       'backlog' (more is due in the shard than a tick takes), else 'unknown' (a far
+--       run of an owned shard: the promoter has not moved it).
+--   audit_ctx(tag, now, backlog) -> ctx   the per-call cache audit_late_reason reads.
+--   audit_add(out, kind, tenant, id, reason, detail, data)   one finding: six values
+--       appended to out (timewheel/audit/calls.py reads them in this order).
+--   audit_id_parts(id) -> ms, seq;  audit_id_after(a, b)   whether stream entry id a
+--       comes after id b.
+
+local AUDIT_ALPHABET = '0123456789abcdefghjkmnpqrstvwxyz'
+
+local function audit_body_key(tag, index)
+  local hi, lo = math.floor(index / 32) + 1, index % 32 + 1
+  local xy = string.sub(AUDIT_ALPHABET, hi, hi) .. string.sub(AUDIT_ALPHABET, lo, lo)
+  return tag .. 't:' .. xy, xy
+end
+
+-- The inverse of run_place (lib/record.lua): the field holds the id less its 3 shard
+-- characters and the 2 that chose the hash; a schedule's run keeps its '@<fire>'.
+local function audit_run_id(tag, xy, field)
+  local shard = wheel_run_id(tag, '')
+  local at = string.find(field, '@', 1, true)
+  if at then
+    return shard .. string.sub(field, 1, at - 1) .. xy .. string.sub(field, at)
+  end
+  return shard .. field .. xy
+end
+
+local function audit_scan(key, cursor, count)
+  local reply = redis.call('HSCAN', key, cursor, 'COUNT', count)
+  return reply[1], reply[2]
+end
+
+-- A record is up to 12 msgpack values; the first five must be a state, an attempt, a
+-- due time, a tenant and a queue. Bytes that are not msgpack, or msgpack of another
+-- shape (any byte below 0x80 alone is a valid number), are not a record.
+local function audit_decode(raw)
+  local t = { pcall(cmsgpack.unpack, raw) }
+  if not t[1] then
+    return nil
+  end
+  local n = table.maxn(t) - 1
+  if n < 5 or n > 12 then
+    return nil
+  end
+  local r = {}
+  for i = 1, n do
+    r[i] = t[i + 1]
+  end
+  local state = r[R_STATE]
+  if type(state) ~= 'number' or state < ST_SCHEDULED or state > ST_SKIPPED
+      or type(r[R_ATTEMPT]) ~= 'number' or r[R_ATTEMPT] < 0 or type(r[R_DUE]) ~= 'number'
+      or type(r[R_TENANT]) ~= 'string' or r[R_TENANT] == '' or type(r[R_QUEUE]) ~= 'string'
+      or (r[R_OPTS] ~= nil and type(r[R_OPTS]) ~= 'string')
+      or (r[R_SCHEDULE] ~= nil and type(r[R_SCHEDULE]) ~= 'string') then
+    return nil
+  end
+  return r
+end
+
+local function audit_read(tag, run_id)
+  local _, bkey, field = run_place(tag, run_id)
+  local raw = redis.call('HGET', bkey, field)
+  if not raw then
+    return nil, nil
+  end
+  return audit_decode(raw), raw
+end
+
+local function audit_bucket(due_ms, bucket_ms)
+  return string.format('%d', due_ms - (due_ms % bucket_ms))
+end
+
+local function audit_where(tag, run_id, r, bucket_ms)
+  local near = redis.call('ZSCORE', tag .. 'near:' .. r[R_TENANT], run_id)
+  local far = redis.call('HEXISTS', tag .. 'w:' .. audit_bucket(r[R_DUE], bucket_ms),
+    wheel_member(run_id)) == 1
+  local held = r[R_SCHEDULE] ~= nil
+    and redis.call('HGET', schedule_key(tag, r[R_SCHEDULE]), 'held') == run_id
+  return near, far, held
+end
+
+-- record_sent (lib/record.lua) without its promoted_until test: a run the promoter moved
+-- into the near level while it was still draining buckets (promoted_until not yet past
+-- it) may be sent already, and reads as scheduled until promoted_until moves on.
+local function audit_sent_attempt(tag, run_id, r, bucket_ms)
+  if r[R_STATE] == ST_DISPATCHED then
+    return r[R_ATTEMPT]
+  end
+  if r[R_STATE] ~= ST_SCHEDULED then
+    return nil
+  end
+  local near, far, held = audit_where(tag, run_id, r, bucket_ms)
+  if near or far or held then
+    return nil
+  end
+  return r[R_ATTEMPT] + 1
+end
+
+local function audit_visibility_ms(r, default_ms)
+  local opts = r[R_OPTS]
+  if opts and string.find(opts, 'visibility_timeout_s', 1, true) then
+    local ok, o = pcall(cjson.decode, opts)
+    if ok and type(o) == 'table' and tonumber(o.visibility_timeout_s) then
+      return tonumber(o.visibility_timeout_s) * 1000
+    end
+  end
+  return default_ms
+end
+
+local function audit_ctx(tag, now, backlog)
+  return { tag = tag, now = now, backlog = backlog, lease = nil, reasons = {} }
+end
+
+local function audit_late_reason(ctx, tenant, level)
+  if ctx.lease == nil then
+    ctx.lease = redis.call('EXISTS', ctx.tag .. 'lease') == 1
+  end
+  if not ctx.lease then
+    return 'unowned'
+  elseif level == 'far' then
+    return 'unknown'
+  end
+  local reason = ctx.reasons[tenant]
+  if reason then
+    return reason
+  end
+  local rate = rate_buckets(ctx.tag, { tenant }, ctx.now)
+  local due = tonumber(redis.call('ZSCORE', ctx.tag .. 'due', tenant))
+  if rate[tenant] and due and due > ctx.now then
+    reason = 'rate_held'
+  elseif ctx.backlog then
+    reason = 'backlog'
+  else
+    reason = 'unknown'
+  end
+  ctx.reasons[tenant] = reason
+  return reason
+end
+
+local function audit_add(out, kind, tenant, id, reason, detail, data)
+  local n = #out
+  out[n + 1], out[n + 2], out[n + 3] = kind, tenant or '', id or ''
+  out[n + 4], out[n + 5], out[n + 6] = reason or '', detail or '', data or ''
+end
+
+local function audit_id_parts(id)
+  local ms, seq = string.match(id, '^(%d+)-(%d+)$')
+  return tonumber(ms) or 0, tonumber(seq) or 0
+end
+
+local function audit_id_after(a, b)
+  local ams, aseq = audit_id_parts(a)
+  local bms, bseq = audit_id_parts(b)
+  return ams > bms or (ams == bms and aseq > bseq)
+end
