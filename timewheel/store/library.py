@@ -65,6 +65,10 @@ OPERATIONS = (
     "audit_near",
     "audit_far",
     "audit_schedules",
+    "repair_wheel",
+    "repair_retry",
+    "repair_pending",
+    "repair_plan",
 )
 READ_ONLY = ("audit_shard", "audit_near", "audit_far", "audit_schedules")
 """Operations registered with the no-writes flag: Redis refuses any write they attempt."""
@@ -238,6 +242,10 @@ class Scripts:
     audit_near: Script
     audit_far: Script
     audit_schedules: Script
+    repair_wheel: Script
+    repair_retry: Script
+    repair_pending: Script
+    repair_plan: Script
 
     def all(self) -> list[Script]:
         return [getattr(self, name) for name in OPERATIONS]
