@@ -1,0 +1,255 @@
+"""The audit's calls of the Lua operations (lua/audit_*.lua, lua/repair_*.lua) and the
+decoders of their replies.
+
+Every audit call reads a bounded step (at most `AuditOptions.batch` records, entries or
+members, or one listpack-encoded hash past it) and answers where to go on and the
+findings of that step, six values each: kind, tenant, id, reason, detail, data. So a
+pass moves only cursors and findings over the wire.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from timewheel.audit.findings import Finding, Kind
+from timewheel.store.shard import Call, Store, clock_arg
+from timewheel.types import text
+
+BODY_HASHES = 1024
+"""Body hashes per shard (t:<xy>, two id characters): audit_records is done at this index."""
+MAX_BATCH = 500
+"""Most records, entries or members one audit call reads (besides one listpack hash)."""
+MAX_KEYS_PER_CALL = 64
+"""Most near levels or far buckets one audit call is given to read in turn."""
+DUE_TENANTS_READ = 1000
+"""Most tenants of the due index audit_shard counts due runs for."""
+REAPER_CONSUMER = "timewheel-audit"
+"""The consumer repair_pending hands an entry to, for the reaper to take."""
+
+
+@dataclass(frozen=True, slots=True)
+class AuditOptions:
+    """What a pass checks against and how much it reads per call."""
+
+    overdue_ms: int = 60_000
+    """A run still in the wheel this long after its due time is overdue."""
+    lease_grace_ms: int = 30_000
+    """How long past its visibility timeout a pending entry may wait for the reaper."""
+    batch: int = MAX_BATCH
+    """Records, entries or members per call (<= MAX_BATCH)."""
+    scratch_ttl_ms: int = 600_000
+    """TTL of a pass's scratch hash in each shard, renewed by every call that writes it."""
+    now_ms: int | None = None
+    """A clock override for the shard clock (tests); None: Redis TIME."""
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.batch <= MAX_BATCH:
+            raise ValueError(f"batch must be 1..{MAX_BATCH}")
+
+
+@dataclass(frozen=True, slots=True)
+class ShardView:
+    """What audit_shard reads first: the shard clock and its state around the tick."""
+
+    now_ms: int
+    promoted_until: int
+    lease: str
+    """'<node>/<epoch>' of the owning scheduler node, '' for none."""
+    due_runs: int
+    """Runs due now in the near level (over the earliest DUE_TENANTS_READ tenants)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One audit call's answer: where to go on, how much it read, what it found."""
+
+    position: int
+    """audit_records: the body hash index; audit_near, audit_far: keys read to their end;
+    otherwise 0."""
+    cursor: str
+    """Where to go on ('' or '0' once done, as each operation says)."""
+    examined: int
+    findings: list[Finding]
+
+
+def findings_of(shard: int, flat: Sequence[Any]) -> list[Finding]:
+    """The findings of a reply's tail: six values each."""
+    out = []
+    for i in range(0, len(flat) - 5, 6):
+        kind, tenant, run_id, reason, detail, data = (text(v) for v in flat[i : i + 6])
+        out.append(Finding(Kind(kind), shard, tenant, run_id, detail, reason, data))
+    return out
+
+
+def _step3(shard: int) -> Any:
+    """{position, cursor, examined, findings...} replies."""
+
+    def decode(reply: list[Any]) -> Step:
+        return Step(int(reply[0]), text(reply[1]), int(reply[2]), findings_of(shard, reply[3:]))
+
+    return decode
+
+
+def _step2(shard: int) -> Any:
+    """{cursor, examined, findings...} replies."""
+
+    def decode(reply: list[Any]) -> Step:
+        return Step(0, text(reply[0]), int(reply[1]), findings_of(shard, reply[2:]))
+
+    return decode
+
+
+def _view(reply: list[Any]) -> ShardView:
+    return ShardView(int(reply[0]), int(reply[1]), text(reply[2]), int(reply[3]))
+
+
+def _code(reply: list[Any]) -> tuple[int, str]:
+    return int(reply[0]), text(reply[1]) if len(reply) > 1 else ""
+
+
+class AuditCalls:
+    """The audit and repair calls of one deployment."""
+
+    def __init__(self, store: Store, options: AuditOptions):
+        self.store = store
+        self.options = options
+        self.scripts = store.scripts
+        self.keys = store.keys
+
+    def shard(self, shard: int) -> Call[ShardView]:
+        k = self.keys
+        return Call(
+            self.scripts.audit_shard,
+            [k.meta(shard), k.due(shard)],
+            [clock_arg(self.options.now_ms), DUE_TENANTS_READ],
+            _view,
+        )
+
+    def records(
+        self, shard: int, scratch: str, index: int, cursor: str, backlog: bool
+    ) -> Call[Step]:
+        o, s = self.options, self.store.settings
+        return Call(
+            self.scripts.audit_records,
+            [self.keys.meta(shard), scratch],
+            [
+                index,
+                cursor,
+                o.batch,
+                clock_arg(o.now_ms),
+                o.overdue_ms,
+                s.bucket_ms,
+                o.scratch_ttl_ms,
+                "1" if backlog else "0",
+            ],
+            _step3(shard),
+        )
+
+    def stream(self, shard: int, scratch: str, stream: str, after: str) -> Call[Step]:
+        o, s = self.options, self.store.settings
+        return Call(
+            self.scripts.audit_stream,
+            [stream, scratch],
+            [
+                after,
+                o.batch,
+                s.visibility_timeout_ms,
+                s.min_visibility_timeout_ms,
+                o.lease_grace_ms,
+                s.bucket_ms,
+                o.scratch_ttl_ms,
+            ],
+            _step2(shard),
+        )
+
+    def confirm(self, shard: int, scratch: str, cursor: str) -> Call[Step]:
+        return Call(
+            self.scripts.audit_confirm,
+            [self.keys.meta(shard), scratch],
+            [cursor, self.options.batch, self.store.settings.bucket_ms],
+            _step2(shard),
+        )
+
+    def near(self, shard: int, near_keys: Sequence[str], cursor: str) -> Call[Step]:
+        return Call(
+            self.scripts.audit_near,
+            list(near_keys),
+            [cursor, self.options.batch, clock_arg(self.options.now_ms)],
+            _step3(shard),
+        )
+
+    def far(self, shard: int, bucket_keys: Sequence[str], cursor: str) -> Call[Step]:
+        return Call(
+            self.scripts.audit_far,
+            list(bucket_keys),
+            [cursor, self.options.batch, self.store.settings.bucket_ms],
+            _step3(shard),
+        )
+
+    def schedules(self, shard: int, cursor: str) -> Call[Step]:
+        o = self.options
+        return Call(
+            self.scripts.audit_schedules,
+            [self.keys.schedules(shard)],
+            [cursor, o.batch, clock_arg(o.now_ms), o.overdue_ms],
+            _step2(shard),
+        )
+
+    # -- repairs -------------------------------------------------------------------------
+
+    def repair_wheel(self, shard: int, run_id: str, attempt: str) -> Call[tuple[int, str]]:
+        s = self.store.settings
+        return Call(
+            self.scripts.repair_wheel,
+            [self.keys.meta(shard)],
+            [
+                run_id,
+                attempt,
+                s.bucket_ms,
+                clock_arg(self.options.now_ms),
+                self.keys.wake_channel(),
+                shard,
+            ],
+            _code,
+        )
+
+    def repair_retry(self, shard: int, run_id: str, attempt: str) -> Call[tuple[int, str]]:
+        s = self.store.settings
+        return Call(
+            self.scripts.repair_retry,
+            [self.keys.meta(shard), self.keys.events(shard)],
+            [
+                run_id,
+                attempt,
+                s.retry_defaults_json(),
+                repr(random.random()),
+                *self.store.shared(shard, self.options.now_ms),
+            ],
+            _code,
+        )
+
+    def repair_pending(
+        self, stream: str, group: str, entry_id: str, run_id: str, attempt: str
+    ) -> Call[tuple[int, str]]:
+        s = self.store.settings
+        return Call(
+            self.scripts.repair_pending,
+            [stream],
+            [
+                group,
+                entry_id,
+                run_id,
+                attempt,
+                s.visibility_timeout_ms,
+                s.min_visibility_timeout_ms,
+                REAPER_CONSUMER,
+                s.bucket_ms,
+            ],
+            _code,
+        )
+
+    def repair_plan(self, shard: int, sid: str) -> Call[tuple[int, str]]:
+        return Call(self.scripts.repair_plan, [self.keys.schedule(shard, sid)], [sid], _code)

@@ -1,0 +1,176 @@
+"""An audit pass over a deployment's shards: shard by shard, in bounded steps.
+
+`AuditPass.step(budget)` does about `budget` things' worth of calls (records, entries,
+members, schedules, key names read) and keeps every cursor, so a scheduler node can run a
+pass within a CPU budget, a little per turn; `run()` goes to the end. Memory is bounded by
+one shard's key names (near levels, far buckets, ready streams) per shard in progress and
+the findings kept (`keep`); findings past that are only counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import structlog
+
+from timewheel.audit.calls import AuditCalls, AuditOptions
+from timewheel.audit.findings import Finding, Kind, Tally
+from timewheel.audit.repair import Repairer
+from timewheel.audit.shard import Examined, ShardAudit
+from timewheel.store.shard import Store
+
+log = structlog.get_logger("timewheel.audit")
+
+
+@dataclass(frozen=True, slots=True)
+class AuditReport:
+    """What a pass found and read."""
+
+    pass_id: str
+    shards: list[int]
+    seconds: float
+    finished_ms: int
+    """When the pass ended, wall clock (the future last-pass timestamp)."""
+    examined: Examined
+    counts: dict[Kind, int]
+    reasons: dict[Kind, dict[str, int]]
+    findings: list[Finding]
+    """The first `keep` findings."""
+    truncated: bool
+    repairs: dict[Kind, dict[str, int]] = field(default_factory=dict)
+    """kind -> {'repaired': n, 'unchanged': n}, with --repair."""
+
+    @property
+    def clean(self) -> bool:
+        return not self.counts
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+
+class AuditPass:
+    """One pass over `shards` (default: all of them)."""
+
+    def __init__(
+        self,
+        store: Store,
+        options: AuditOptions | None = None,
+        *,
+        shards: Iterable[int] | None = None,
+        repair: bool = False,
+        keep: int = 1000,
+    ) -> None:
+        self.store = store
+        self.options = options or AuditOptions()
+        self.calls = AuditCalls(store, self.options)
+        self.pass_id = secrets.token_hex(6)
+        self.shards = list(range(store.settings.shards) if shards is None else shards)
+        self.tally = Tally(keep)
+        self.repairer = Repairer(self.calls) if repair else None
+        self.examined = Examined()
+        self._waiting = deque(self.shards)
+        self._current: ShardAudit | None = None
+        self._started = time.monotonic()
+        self._seconds: float | None = None
+
+    @property
+    def done(self) -> bool:
+        return self._seconds is not None
+
+    async def _found(self, finding: Finding) -> None:
+        self.tally.add(finding)
+        if self.repairer is not None:
+            await self.repairer.repair(finding)
+
+    def _audit(self, shard: int) -> ShardAudit:
+        return ShardAudit(self.calls, shard, self.pass_id, self._found)
+
+    def _finished(self, audit: ShardAudit) -> None:
+        self.examined.add(audit.examined)
+
+    async def step(self, budget: int) -> bool:
+        """Audit on for about `budget` things read; True once the pass is done."""
+        while budget > 0 and not self.done:
+            if self._current is None:
+                if not self._waiting:
+                    self._end()
+                    break
+                self._current = self._audit(self._waiting.popleft())
+            budget -= await self._current.step(budget)
+            if self._current.done:
+                self._finished(self._current)
+                self._current = None
+        return self.done
+
+    async def run(self, parallel: int = 1) -> AuditReport:
+        """Audit every shard left, `parallel` shards at a time (on a Cluster, shards of
+        different primaries are read at once); the report."""
+        if self._current is not None:
+            await self._current.run()
+            self._finished(self._current)
+            self._current = None
+
+        async def worker() -> None:
+            while self._waiting:
+                audit = self._audit(self._waiting.popleft())
+                await audit.run()
+                self._finished(audit)
+
+        await asyncio.gather(*(worker() for _ in range(max(1, parallel))))
+        self._end()
+        return self.report()
+
+    def _end(self) -> None:
+        if self._seconds is None:
+            self._seconds = time.monotonic() - self._started
+            self._log()
+
+    def report(self) -> AuditReport:
+        t = self.tally
+        reasons: dict[Kind, dict[str, int]] = {}
+        for (kind, reason), n in sorted(t.by_reason.items()):
+            reasons.setdefault(kind, {})[reason] = n
+        repairs: dict[Kind, dict[str, int]] = {}
+        if self.repairer is not None:
+            for (kind, outcome), n in sorted(self.repairer.outcomes.items()):
+                repairs.setdefault(kind, {})[outcome] = n
+        seconds = self._seconds if self._seconds is not None else time.monotonic() - self._started
+        return AuditReport(
+            pass_id=self.pass_id,
+            shards=list(self.shards),
+            seconds=seconds,
+            finished_ms=int(time.time() * 1000),
+            examined=self.examined,
+            counts={kind: t.by_kind[kind] for kind in Kind if t.by_kind[kind]},
+            reasons=reasons,
+            findings=list(t.kept),
+            truncated=t.truncated,
+            repairs=repairs,
+        )
+
+    def _log(self) -> None:
+        """A line per kind found, then one for the pass."""
+        t = self.tally
+        for kind in Kind:
+            if t.by_kind[kind]:
+                log.warning(
+                    "audit_findings",
+                    kind=kind.value,
+                    count=t.by_kind[kind],
+                    shards=sorted(t.shards[kind]),
+                    reasons={r: n for (k, r), n in sorted(t.by_reason.items()) if k is kind},
+                )
+        log.info(
+            "audit_pass",
+            pass_id=self.pass_id,
+            shards=len(self.shards),
+            findings=t.total,
+            seconds=round(self._seconds or 0.0, 3),
+            **self.examined.to_json(),
+        )
