@@ -18,6 +18,7 @@ from typing import Any
 import structlog
 from redis.exceptions import RedisError
 
+from timewheel.cli.audit import run_audit
 from timewheel.cli.client import CLIENT_COMMANDS, run_client_command
 from timewheel.cli.parser import build_parser, http_options
 from timewheel.cli.serve import serve
@@ -291,6 +292,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         asyncio.run(_run_executor(args))
     elif args.command in _ARCHIVE_COMMANDS:
         asyncio.run(_ARCHIVE_COMMANDS[args.command](args))
+    elif args.command == "audit":
+        return asyncio.run(run_audit(args))
     elif args.command == "scripts":
         asyncio.run(_scripts_check(args))
     elif args.command in CLIENT_COMMANDS:

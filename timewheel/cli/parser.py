@@ -13,7 +13,7 @@ from timewheel.config import Settings
 
 DEV_REDIS_PORT = 6399
 DESCRIPTION = """The `timewheel` command: dev, api, scheduler, worker, webhook, archiver, snapshot,
-restore, scripts check; and the API client commands task, dlq, tenant, schedule."""
+restore, audit, scripts check; and the API client commands task, dlq, tenant, schedule."""
 
 
 def add_common(p: argparse.ArgumentParser, *, redis_url: bool = True) -> None:
@@ -82,6 +82,52 @@ def add_postgres(p: argparse.ArgumentParser) -> None:
         "--postgres-dsn",
         help="PostgreSQL DSN, e.g. postgresql://user@host:5432/timewheel "
         "(env TIMEWHEEL_POSTGRES_DSN)",
+    )
+    add_common(p)
+
+
+def add_audit(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`timewheel audit` (timewheel/cli/audit.py runs it)."""
+    summary = "check that no scheduled run was dropped or stuck; exit 1 with findings"
+    p = sub.add_parser(
+        "audit", help=summary, description=summary + ", 0 when clean, 2 for a usage error"
+    )
+    p.add_argument("--json", action="store_true", help="print the report as one JSON document")
+    p.add_argument(
+        "--shard",
+        type=int,
+        action="append",
+        metavar="N",
+        help="audit shard N only (default: every shard).",
+    )
+    p.add_argument(
+        "--overdue-s",
+        type=float,
+        default=60.0,
+        help="a run still waiting this long after its due time is overdue (default 60)",
+    )
+    p.add_argument(
+        "--lease-grace-s",
+        type=float,
+        default=30.0,
+        help="how long past its visibility timeout a pending entry may wait for the "
+        "reaper (default 30)",
+    )
+    p.add_argument(
+        "--limit", type=int, default=100, help="findings printed (default 100; all are counted)"
+    )
+    p.add_argument(
+        "--repair",
+        action="store_true",
+        help="also repair what is safe to: put runs back in the wheel, hand lost deliveries "
+        "to the retry path, re-index schedules (nothing is deleted; each repair is logged)",
+    )
+    p.add_argument(
+        "--parallel",
+        type=int,
+        default=1,
+        metavar="N",
+        help="shards audited at once (default 1; more helps on a Cluster)",
     )
     add_common(p)
 
@@ -171,6 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--force", action="store_true", help="restore into a Redis that already holds keys"
     )
     add_postgres(restore)
+
+    add_audit(sub)
 
     scripts = sub.add_parser("scripts", help="Lua script tools")
     scripts_sub = scripts.add_subparsers(dest="scripts_command", required=True)

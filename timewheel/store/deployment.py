@@ -88,3 +88,15 @@ async def fewest_replicas(client: RedisClient) -> int:
     except (RedisError, OSError) as exc:
         raise RedisUnavailable(f"cannot read INFO replication: {exc}") from exc
     return min(counts, default=0)
+
+
+async def stored_layout(client: RedisClient, prefix: str) -> dict[str, int] | None:
+    """The layout a deployment recorded (shards, bucket_ms), read without writing; None
+    when no deployment uses this prefix here."""
+    key = Keys(prefix).layout()
+    try:
+        stored = await client.hgetall(key)
+    except (RedisError, OSError) as exc:
+        raise RedisUnavailable(f"cannot read layout key {key!r}: {exc}") from exc
+    layout = {text(k): int(v) for k, v in stored.items() if text(k) in ("shards", "bucket_ms")}
+    return layout if len(layout) == 2 else None

@@ -57,29 +57,32 @@ class Faults:
         return {(k, i) for k, i in self.expected if Kind(k) not in REPAIRS}
 
 
-async def break_deployment(engine: Engine, *, repairable_only: bool = False) -> Faults:
-    """Runs of tenants acme and beta at NOW, dispatched and delivered in part, then one
-    fault of each kind (only those --repair mends, with `repairable_only`)."""
-    faults = Faults()
+async def break_deployment(
+    engine: Engine, *, repairable_only: bool = False, at_ms: int = NOW
+) -> Faults:
+    """Runs of tenants acme and beta at `at_ms` (a whole multiple of the bucket width),
+    dispatched and delivered in part, then one fault of each kind (only those --repair
+    mends, with `repairable_only`)."""
+    faults = Faults(now_ms=at_ms + 1_000)
     c, k, now = engine.client, engine.keys, faults.now_ms
-    await prime(engine, NOW)
+    await prime(engine, at_ms)
     shard = engine.store.shards_of("acme")[0]
     worker = Worker(engine.store, "acme", "default", consumer="w1")
     await worker.ensure_groups()
 
     async def task(tenant: str, due_ms: int) -> str:
         created = await engine.tasks.create(
-            NewTask(tenant=tenant, run_at_ms=due_ms, payload_json='"x"'), now_ms=NOW
+            NewTask(tenant=tenant, run_at_ms=due_ms, payload_json='"x"'), now_ms=at_ms
         )
         return created.task_id
 
-    near = [await task("acme", NOW + 100 + i) for i in range(6)]
-    late = await task("acme", NOW + 3_000)  # near level, due after the tick below
-    far_due = NOW + 600_000
+    near = [await task("acme", at_ms + 100 + i) for i in range(6)]
+    late = await task("acme", at_ms + 3_000)  # near level, due after the tick below
+    far_due = at_ms + 600_000
     far = [await task("acme", far_due + i) for i in range(5)]
-    beta = [await task("beta", NOW + 3_000 + i) for i in range(2)]
-    spec = ScheduleSpec(every_s=1, start_at_ms=NOW + 5_000)  # planned, none due yet
-    sched, _ = await engine.schedules.create(NewSchedule(tenant="acme", spec=spec), now_ms=NOW)
+    beta = [await task("beta", at_ms + 3_000 + i) for i in range(2)]
+    spec = ScheduleSpec(every_s=1, start_at_ms=at_ms + 5_000)  # planned, none due yet
+    sched, _ = await engine.schedules.create(NewSchedule(tenant="acme", spec=spec), now_ms=at_ms)
     await tick_all(engine, now)
     delivered = await worker.read(count=4, block_ms=10)
     assert [d.run_id for d in delivered] == near[:4], delivered
@@ -115,11 +118,11 @@ async def break_deployment(engine: Engine, *, repairable_only: bool = False) -> 
     await c.zadd(k.near(shard, "acme"), {far[4]: far_due + 4})  # in both levels
     faults.expect(Kind.WHEEL_DUPLICATE, far[4])
     assert await engine.outcomes.ack(delivered[2], "timewheel", now_ms=now)
-    await c.zadd(k.near(shard, "acme"), {near[2]: NOW + 102})  # a finished run in the wheel
+    await c.zadd(k.near(shard, "acme"), {near[2]: at_ms + 102})  # a finished run in the wheel
     faults.expect(Kind.WHEEL_MEMBER_STALE, near[2])
-    held = f"{sched.id}@{NOW + 20_000}"  # held back by its schedule, with none in flight
+    held = f"{sched.id}@{at_ms + 20_000}"  # held back by its schedule, with none in flight
     assert await c.zrem(k.near(shard, "acme"), held) or await c.hdel(
-        k.bucket(shard, (NOW + 20_000) - (NOW + 20_000) % engine.settings.bucket_ms),
+        k.bucket(shard, (at_ms + 20_000) - (at_ms + 20_000) % engine.settings.bucket_ms),
         k.bucket_member(held),
     )
     await c.hset(k.schedule(shard, sched.id), "held", held)
