@@ -30,7 +30,7 @@ local next_cursor, flat = audit_scan(scratch_key, cursor, limit)
 for i = 1, #flat, 2 do
   local run_id, attempt = flat[i], tonumber(flat[i + 1])
   local r = audit_read(tag, run_id)
-  if r and audit_sent_attempt(tag, run_id, r, bucket_ms) == attempt then
+  if r and audit_sent_attempt(tag, run_id, r, promoted, bucket_ms) == attempt then
     local tenant, stream = r[R_TENANT], tag .. 'q:' .. r[R_TENANT] .. ':' .. r[R_QUEUE]
     if r[R_STATE] == ST_SCHEDULED and r[R_DUE] >= promoted then
       audit_add(out, 'not_in_wheel', tenant, run_id, '', string.format(

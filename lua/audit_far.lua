@@ -4,9 +4,13 @@
                      is KEYS[1] up to '}:'), read in order
   ARGV[1] HSCAN cursor in KEYS[1] ('0' = from its start)   ARGV[2] limit: members per call
           (<= 500; a listpack-encoded bucket answers whole, up to 1,024)   ARGV[3] bucket_ms
+  ARGV[4 ..] per key of KEYS, the scheduled runs audit_records found in it: an indexed
+          bucket that holds exactly as many members is accounted for and not read member by
+          member
   Derived keys (same tag): meta, wheel, t:<xy>.
-  Returns: {done, cursor, examined, findings...}   done: how many of KEYS were read to
-           their end; cursor: where to go on in KEYS[done + 1]; findings 6 values each, as
+  Returns: {done, cursor, read, counted, findings...}   done: how many of KEYS were read to
+           their end; cursor: where to go on in KEYS[done + 1]; read: members read one by
+           one; counted: members accounted for by their number; findings 6 values each, as
            audit_records.
   Errors:  none.
   Checks: every member has a record (record_missing) that says scheduled
@@ -15,17 +19,18 @@
   which the promoter reads (not_in_wheel for each of its runs otherwise). ]]
 local rcall = redis.call
 local cursor, limit, bucket_ms = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local expected = { unpack(ARGV, 4) }
 local tag = string.match(KEYS[1], '^(.-}:)')
 
 --!include lib/record.lua
 --!include lib/wheel.lua
 --!include lib/audit.lua
 
-local out = { 0, '0', 0 }
+local out = { 0, '0', 0, 0 }
 local promoted = wheel_promoted_until(tag .. 'meta')
 
 local function check_member(start, indexed, run_id)
-  local r, raw = audit_read(tag, run_id)
+  local r, raw = audit_read(tag, run_id, true)
   if raw == nil then
     audit_add(out, 'record_missing', '', run_id, '', 'in the far bucket w:' .. start
       .. ' but it has no record')
@@ -50,20 +55,31 @@ local function check_member(start, indexed, run_id)
   end
 end
 
-local done, examined = 0, 0
-while done < #KEYS and examined < limit do
+local done, read, counted = 0, 0, 0
+while done < #KEYS and read < limit do
   local bucket_key = KEYS[done + 1]
   local start = string.sub(bucket_key, #tag + 3)
   local indexed = rcall('ZSCORE', tag .. 'wheel', start) ~= false
-  local next_cursor, flat = audit_scan(bucket_key, cursor, limit - examined)
-  for i = 1, #flat, 2 do
-    check_member(start, indexed, wheel_run_id(tag, flat[i]))
+  local whole = false
+  if cursor == '0' and indexed then
+    local size = rcall('HLEN', bucket_key)
+    if size == tonumber(expected[done + 1]) then
+      whole, counted = true, counted + size
+    end
   end
-  examined = examined + #flat / 2
-  cursor = next_cursor
-  if cursor == '0' then
+  if whole then
     done = done + 1
+  else
+    local next_cursor, flat = audit_scan(bucket_key, cursor, limit - read)
+    for i = 1, #flat, 2 do
+      check_member(start, indexed, wheel_run_id(tag, flat[i]))
+    end
+    read = read + #flat / 2
+    cursor = next_cursor
+    if cursor == '0' then
+      done = done + 1
+    end
   end
 end
-out[1], out[2], out[3] = done, cursor, examined
+out[1], out[2], out[3], out[4] = done, cursor, read, counted
 return out

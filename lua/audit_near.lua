@@ -4,27 +4,34 @@
                    tag is KEYS[1] up to '}:'), read in order
   ARGV[1] ZSCAN cursor in KEYS[1] ('0' = from its start, which checks the due index too)
   ARGV[2] limit: members per call (<= 500; a listpack-encoded level answers whole)
-  ARGV[3] now_ms override ('' = TIME)
-  Derived keys (same tag): meta, due, rates, tokens, t:<xy>.
-  Returns: {done, cursor, examined, findings...}   done: how many of KEYS were read to
-           their end; cursor: where to go on in KEYS[done + 1]; findings 6 values each, as
+  ARGV[3] now_ms override ('' = TIME)   ARGV[4] bucket_ms
+  ARGV[5 ..] per key of KEYS, the scheduled runs audit_records found in it: a level that
+          holds exactly as many members is accounted for and not read member by member
+  Derived keys (same tag): meta, due, rates, tokens, t:<xy>, w:<bucket>.
+  Returns: {done, cursor, read, counted, findings...}   done: how many of KEYS were read to
+           their end; cursor: where to go on in KEYS[done + 1]; read: members read one by
+           one; counted: members accounted for by their number; findings 6 values each, as
            audit_records.
   Errors:  none.
   Checks: every member has a record (record_missing) that says scheduled
-  (wheel_member_stale), is this tenant's and scored at its due time (wheel_misplaced); the
+  (wheel_member_stale), is this tenant's and scored at its due time (wheel_misplaced), and
+  is not in a far bucket too (wheel_duplicate: it would be sent twice); the
   tenant is in the due index no later than its earliest run (of the first 10 members, the
   earliest that is sound) unless its dispatch_rate holds it back (due_index: the tick
   serves only the tenants that index lists). ]]
 local rcall = redis.call
 local cursor, limit, now_override = ARGV[1], tonumber(ARGV[2]), ARGV[3]
+local bucket_ms = tonumber(ARGV[4])
+local expected = { unpack(ARGV, 5) }
 local tag = string.match(KEYS[1], '^(.-}:)')
 
 --!include lib/record.lua
 --!include lib/clock.lua
+--!include lib/wheel.lua
 --!include lib/rate.lua
 --!include lib/audit.lua
 
-local out = { 0, '0', 0 }
+local out = { 0, '0', 0, 0 }
 local EARLIEST_LOOKED_AT = 10
 
 -- The earliest of a level's first members that is a sound scheduled run of the tenant
@@ -33,7 +40,7 @@ local function earliest_run(near_key, tenant)
   local first = rcall('ZRANGE', near_key, 0, EARLIEST_LOOKED_AT - 1, 'WITHSCORES')
   for i = 1, #first, 2 do
     local at = tonumber(first[i + 1])
-    local r = audit_read(tag, first[i])
+    local r = audit_read(tag, first[i], true)
     if r and r[R_STATE] == ST_SCHEDULED and r[R_TENANT] == tenant and r[R_DUE] == at then
       return first[i], at
     end
@@ -60,7 +67,7 @@ local function check_due_index(near_key, tenant)
 end
 
 local function check_member(tenant, run_id, score)
-  local r, raw = audit_read(tag, run_id)
+  local r, raw = audit_read(tag, run_id, true)
   if raw == nil then
     audit_add(out, 'record_missing', tenant, run_id, '', 'in near:' .. tenant
       .. ' but it has no record')
@@ -75,26 +82,41 @@ local function check_member(tenant, run_id, score)
   elseif score ~= r[R_DUE] then
     audit_add(out, 'wheel_misplaced', tenant, run_id, '', string.format(
       'scored %d in near:%s but due %d', score, tenant, r[R_DUE]))
+  else
+    local bucket = audit_bucket(r[R_DUE], bucket_ms)
+    if rcall('HEXISTS', tag .. 'w:' .. bucket, wheel_member(run_id)) == 1 then
+      audit_add(out, 'wheel_duplicate', tenant, run_id, '', 'in near:' .. tenant
+        .. ' and in the far bucket w:' .. bucket .. ': it would be sent twice')
+    end
   end
 end
 
-local done, examined = 0, 0
-while done < #KEYS and examined < limit do
+local done, read, counted = 0, 0, 0
+while done < #KEYS and read < limit do
   local near_key = KEYS[done + 1]
   local tenant = string.sub(near_key, #tag + 6)
+  local whole = false
   if cursor == '0' then
     check_due_index(near_key, tenant)
+    local size = rcall('ZCARD', near_key)
+    if size == tonumber(expected[done + 1]) then
+      whole, counted = true, counted + size
+    end
   end
-  local reply = rcall('ZSCAN', near_key, cursor, 'COUNT', limit - examined)
-  local flat = reply[2]
-  for i = 1, #flat, 2 do
-    check_member(tenant, flat[i], tonumber(flat[i + 1]))
-  end
-  examined = examined + #flat / 2
-  cursor = reply[1]
-  if cursor == '0' then
+  if whole then
     done = done + 1
+  else
+    local reply = rcall('ZSCAN', near_key, cursor, 'COUNT', limit - read)
+    local flat = reply[2]
+    for i = 1, #flat, 2 do
+      check_member(tenant, flat[i], tonumber(flat[i + 1]))
+    end
+    read = read + #flat / 2
+    cursor = reply[1]
+    if cursor == '0' then
+      done = done + 1
+    end
   end
 end
-out[1], out[2], out[3] = done, cursor, examined
+out[1], out[2], out[3], out[4] = done, cursor, read, counted
 return out

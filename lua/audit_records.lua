@@ -12,12 +12,16 @@
   ARGV[8] backlog ('1': the shard has more due than a tick takes, audit_shard)
   Derived keys (same tag): t:<xy>, near:<tenant>, w:<bucket>, s:<sid> and the records of
   its runs, lease, due, rates, tokens.
-  Returns: {index, cursor, examined, findings...}   the body hash and HSCAN cursor to go on
-           from (index 1024: every hash is read); findings 6 values each: kind, tenant,
-           id, reason, detail, data (timewheel/audit/calls.py).
+  Returns: {index, cursor, examined, {key, runs, ...}, findings...}   the body hash and
+           HSCAN cursor to go on from (index 1024: every hash is read); per near level and
+           far bucket, the scheduled runs this call found in it (audit_near and audit_far
+           read member by member only a key whose size these counts do not explain);
+           findings 6 values each: kind, tenant, id, reason, detail, data
+           (timewheel/audit/calls.py).
   Errors:  none.
-  Checks per record: it decodes (record_corrupt); a scheduled run is in exactly one level
-  (wheel_duplicate); one due more than overdue_ms ago is overdue, with why; a run held back
+  Checks per record: it decodes (record_corrupt); a scheduled run is in a level (the one
+  its due time names is looked at first; audit_near finds a run in both); one due more
+  than overdue_ms ago is overdue, with why; a run held back
   by its schedule (overlap buffer_one) is out of the wheel on purpose while the schedule's
   run in flight is out (held_stuck otherwise). A scheduled run in no level, and a
   dispatched one, is out (or lost from the wheel): it goes to the scratch hash, and its
@@ -31,12 +35,15 @@ local tag = string.sub(meta_key, 1, -5)
 
 --!include lib/record.lua
 --!include lib/clock.lua
+--!include lib/wheel.lua
 --!include lib/schedule.lua
 --!include lib/audit.lua
 
 local now = clock_shard_ms(meta_key, now_override)
+local promoted = wheel_promoted_until(meta_key)
 local ctx = audit_ctx(tag, now, backlog)
-local out = { 0, '0', 0 }
+local placed = {}  -- near level or far bucket -> runs of this call found there
+local out = { 0, '0', 0, {} }
 local wrote = false
 
 local function out_with(run_id, attempt)
@@ -67,38 +74,32 @@ local function check(run_id, raw)
   if state ~= ST_SCHEDULED then
     return
   end
-  local near, far, held = audit_where(tag, run_id, r, bucket_ms)
-  if held then
+  local level, key = audit_level(tag, run_id, r, promoted, bucket_ms)
+  if key then
+    placed[key] = (placed[key] or 0) + 1
+  end
+  if level == 'held' then
     local ok, inflight = held_ok(r[R_SCHEDULE])
     if not ok then
       audit_add(out, 'held_stuck', tenant, run_id, '', 'held back by schedule '
         .. r[R_SCHEDULE] .. ' until its run in flight (' .. inflight
         .. ') finishes, but that run is not out')
     end
-    return
-  end
-  if not near and not far then
+  elseif not level then
     out_with(run_id, r[R_ATTEMPT] + 1)
-    return
-  end
-  local bucket = audit_bucket(due, bucket_ms)
-  if near and far then
-    audit_add(out, 'wheel_duplicate', tenant, run_id, '', 'in near:' .. tenant
-      .. ' and in the far bucket w:' .. bucket .. ': it would be sent twice')
-  end
-  if due < now - overdue_ms then
-    local level = near and 'near' or 'far'
+  elseif due < now - overdue_ms then
     audit_add(out, 'overdue', tenant, run_id, audit_late_reason(ctx, tenant, level),
       string.format('due %d, %d ms ago, still in the %s level', due, now - due, level))
   end
 end
 
+local shard_chars = wheel_run_id(tag, '')
 local examined = 0
 while index < 1024 and examined < limit do
   local bkey, xy = audit_body_key(tag, index)
   local next_cursor, flat = audit_scan(bkey, cursor, limit - examined)
   for i = 1, #flat, 2 do
-    check(audit_run_id(tag, xy, flat[i]), flat[i + 1])
+    check(audit_run_id(shard_chars, xy, flat[i]), flat[i + 1])
   end
   examined = examined + #flat / 2
   if next_cursor == '0' then
@@ -109,6 +110,11 @@ while index < 1024 and examined < limit do
 end
 if wrote then
   rcall('PEXPIRE', scratch_key, scratch_ttl)
+end
+local counts = out[4]
+for key, n in pairs(placed) do
+  counts[#counts + 1] = key
+  counts[#counts + 1] = n
 end
 out[1], out[2], out[3] = index, cursor, examined
 return out

@@ -1,15 +1,18 @@
---[[ audit_stream: check a ready stream, one bounded step of entries at a time, against
-  its runs' records and its consumer groups (docs/operations/auditing.md).
-  KEYS[1] stream   STREAM tag..'q:'..tenant..':'..queue (the tag is KEYS[1] up to '}:')
-  KEYS[2] scratch  HASH tag..'audit:'..pass (audit_records): a run whose entry is found at
+--[[ audit_stream: check ready streams of one shard, one bounded step of entries at a time,
+  against their runs' records and their consumer groups (docs/operations/auditing.md).
+  KEYS[1] scratch  HASH tag..'audit:'..pass (audit_records): a run whose entry is found at
                    the attempt it is out with is taken off it; its TTL is set to ARGV[7]
-  ARGV[1] id of the last entry read ('' = from the start; the groups are checked then)
-  ARGV[2] limit: entries per call (<= 500)   ARGV[3] default visibility timeout ms
-  ARGV[4] min visibility timeout ms   ARGV[5] grace ms: how long past its visibility timeout
-          a pending entry may wait for the reaper   ARGV[6] bucket_ms   ARGV[7] scratch TTL ms
-  Derived keys (same tag): t:<xy>, near:<tenant>, w:<bucket>, s:<sid>, groups, lease.
-  Returns: {last, examined, findings...}   last: the id to go on after ('' once the stream
-           is read to its end); findings 6 values each, as audit_records.
+  KEYS[2 ..] stream  STREAM tag..'q:'..tenant..':'..queue, each of the same shard (the tag
+                   is KEYS[1] up to '}:'), read in order
+  ARGV[1] id of the last entry read in KEYS[2] ('' = from its start, where its groups are
+          checked)   ARGV[2] limit: entries per call (<= 500)
+  ARGV[3] default visibility timeout ms   ARGV[4] min visibility timeout ms
+  ARGV[5] grace ms: how long past its visibility timeout a pending entry may wait for the
+          reaper   ARGV[6] bucket_ms   ARGV[7] scratch TTL ms
+  Derived keys (same tag): meta, t:<xy>, near:<tenant>, w:<bucket>, s:<sid>, groups, lease.
+  Returns: {done, last, examined, findings...}   done: how many streams were read to
+           their end; last: the id to go on after in the next one ('' = its start);
+           findings 6 values each, as audit_records.
   Errors:  none.
   Checks: every entry belongs to a run out (dispatched) at the entry's attempt, in this
   stream (record_missing, stream_entry_orphan); an entry a consumer group has delivered
@@ -19,40 +22,44 @@
   (lease_expired_unreaped); every group is in the shard's groups set, which the reaper
   reads (group_unwatched). ]]
 local rcall = redis.call
-local stream, scratch_key = KEYS[1], KEYS[2]
+local scratch_key = KEYS[1]
 local after, limit, default_vis = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local min_vis, grace_ms, bucket_ms = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local scratch_ttl = ARGV[7]
-local tag = string.match(stream, '^(.-}:)')
+local tag = string.match(scratch_key, '^(.-}:)')
 
 --!include lib/hash.lua
 --!include lib/record.lua
+--!include lib/wheel.lua
 --!include lib/audit.lua
 
-local out = { '', 0 }
-if rcall('EXISTS', stream) == 0 then
-  return out
-end
-local tenant, queue = string.match(string.sub(stream, #tag + 3), '^([^:]+):(.*)$')
+local out = { 0, '', 0 }
 local groups_key = tag .. 'groups'
-local groups = {}
-for _, info in ipairs(rcall('XINFO', 'GROUPS', stream)) do
-  local g = hash_table(info)
-  local watched = rcall('SISMEMBER', groups_key, g['name'] .. '|' .. stream) == 1
-  groups[#groups + 1] = { name = g['name'], last = g['last-delivered-id'], watched = watched }
-  if after == '' and not watched then
-    audit_add(out, 'group_unwatched', tenant, stream, '', 'consumer group ' .. g['name']
-      .. ' is not in ' .. groups_key .. ': the reaper never looks at its pending entries',
-      g['name'])
-  end
-end
 local owned = rcall('EXISTS', tag .. 'lease') == 1
+local promoted = wheel_promoted_until(tag .. 'meta')
+local wrote = false
 
 local function state_text(r)
   return string.format('state %d at attempt %d', r[R_STATE], r[R_ATTEMPT])
 end
 
-local function check_groups(id, run_id, r, attempt)
+-- A stream's consumer groups; from its start, those the reaper does not know are findings.
+local function stream_groups(stream, tenant, from_start)
+  local groups = {}
+  for _, info in ipairs(rcall('XINFO', 'GROUPS', stream)) do
+    local g = hash_table(info)
+    local watched = rcall('SISMEMBER', groups_key, g['name'] .. '|' .. stream) == 1
+    groups[#groups + 1] = { name = g['name'], last = g['last-delivered-id'], watched = watched }
+    if from_start and not watched then
+      audit_add(out, 'group_unwatched', tenant, stream, '', 'consumer group ' .. g['name']
+        .. ' is not in ' .. groups_key .. ': the reaper never looks at its pending entries',
+        g['name'])
+    end
+  end
+  return groups
+end
+
+local function check_groups(stream, groups, tenant, id, run_id, r, attempt)
   for _, g in ipairs(groups) do
     if not audit_id_after(id, g.last) then
       local p = rcall('XPENDING', stream, g.name, id, id, 1)[1]
@@ -79,14 +86,8 @@ local function check_groups(id, run_id, r, attempt)
   end
 end
 
-local start = '-'
-if after ~= '' then
-  start = '(' .. after
-end
-local entries = rcall('XRANGE', stream, start, '+', 'COUNT', limit)
-local wrote = false
-for _, e in ipairs(entries) do
-  local id, f = e[1], hash_table(e[2])
+local function check_entry(stream, groups, tenant, queue, id, fields)
+  local f = hash_table(fields)
   local run_id, attempt = f['run_id'], tonumber(f['attempt'])
   local r, raw
   if run_id then
@@ -101,21 +102,39 @@ for _, e in ipairs(entries) do
     audit_add(out, 'stream_entry_orphan', tenant, run_id, '', 'entry ' .. id
       .. ' is in the stream of another tenant or queue than its run (' .. r[R_TENANT] .. ':'
       .. r[R_QUEUE] .. ')')
-  elseif audit_sent_attempt(tag, run_id, r, bucket_ms) ~= attempt then
+  elseif audit_sent_attempt(tag, run_id, r, promoted, bucket_ms) ~= attempt then
     audit_add(out, 'stream_entry_orphan', tenant, run_id, '', 'entry ' .. id
       .. ' is of attempt ' .. tostring(f['attempt']) .. ' but the run is not out at it ('
       .. state_text(r) .. ')')
   else
     rcall('HDEL', scratch_key, run_id)
     wrote = true
-    check_groups(id, run_id, r, attempt)
+    check_groups(stream, groups, tenant, id, run_id, r, attempt)
+  end
+end
+
+local done, examined = 0, 0
+while done < #KEYS - 1 and examined < limit do
+  local stream = KEYS[done + 2]
+  local entries = {}
+  if rcall('EXISTS', stream) == 1 then
+    local tenant, queue = string.match(string.sub(stream, #tag + 3), '^([^:]+):(.*)$')
+    local groups = stream_groups(stream, tenant, after == '')
+    local start = after == '' and '-' or '(' .. after
+    entries = rcall('XRANGE', stream, start, '+', 'COUNT', limit - examined)
+    for _, e in ipairs(entries) do
+      check_entry(stream, groups, tenant, queue, e[1], e[2])
+    end
+  end
+  examined = examined + #entries
+  if #entries > 0 and examined >= limit then
+    after = entries[#entries][1]  -- the limit stopped it: go on after the last one read
+  else
+    done, after = done + 1, ''
   end
 end
 if wrote then
   rcall('PEXPIRE', scratch_key, scratch_ttl)
 end
-if #entries >= limit then
-  out[1] = entries[#entries][1]
-end
-out[2] = #entries
+out[1], out[2], out[3] = done, after, examined
 return out

@@ -5,7 +5,7 @@
   ARGV[1] consumer group   ARGV[2] entry id   ARGV[3] run_id   ARGV[4] the attempt it is out
   with   ARGV[5] default visibility timeout ms   ARGV[6] min visibility timeout ms
   ARGV[7] consumer to hold it   ARGV[8] bucket_ms
-  Derived keys (same tag): t:<xy>, near:<tenant>, w:<bucket>, s:<sid>.
+  Derived keys (same tag): meta, t:<xy>, near:<tenant>, w:<bucket>, s:<sid>.
   Returns: {1}   back in the group's pending list, idle for the run's visibility timeout:
                  the reaper's next pass sends it through the retry policy (reason
                  lease_expired), as a delivery whose executor went away
@@ -19,6 +19,7 @@ local default_vis, min_vis, consumer = tonumber(ARGV[5]), tonumber(ARGV[6]), ARG
 local bucket_ms = tonumber(ARGV[8])
 local tag = string.match(stream, '^(.-}:)')
 
+--!include lib/wheel.lua
 --!include lib/audit.lua
 
 if rcall('XRANGE', stream, entry_id, entry_id)[1] == nil
@@ -26,7 +27,7 @@ if rcall('XRANGE', stream, entry_id, entry_id)[1] == nil
   return { 0 }
 end
 local r = audit_read(tag, run_id)
-if r == nil or audit_sent_attempt(tag, run_id, r, bucket_ms) ~= attempt then
+if r == nil or audit_sent_attempt(tag, run_id, r, wheel_promoted_until(tag .. 'meta'), bucket_ms) ~= attempt then
   return { 0 }
 end
 local idle = math.max(audit_visibility_ms(r, default_vis), min_vis)

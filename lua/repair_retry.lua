@@ -30,10 +30,11 @@ local tag = string.sub(meta_key, 1, -5)
 --!include lib/audit.lua
 
 local r = audit_read(tag, run_id)
-if r == nil or audit_sent_attempt(tag, run_id, r, bucket_ms) ~= attempt then
+local promoted = wheel_promoted_until(meta_key)
+if r == nil or audit_sent_attempt(tag, run_id, r, promoted, bucket_ms) ~= attempt then
   return { 0 }
 end
-if r[R_STATE] == ST_SCHEDULED and r[R_DUE] >= wheel_promoted_until(meta_key) then
+if r[R_STATE] == ST_SCHEDULED and r[R_DUE] >= promoted then
   return { 0 }
 end
 r[R_STATE], r[R_ATTEMPT] = ST_DISPATCHED, attempt

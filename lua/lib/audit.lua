@@ -6,19 +6,27 @@
 --   AUDIT_ALPHABET   the 32 characters of ids (timewheel/ids.py ALPHABET): a shard's body
 --       hashes are t:<two of them>, 1,024 in all.
 --   audit_body_key(tag, index) -> bkey, xy   the index-th body hash (0 .. 1023).
---   audit_run_id(tag, xy, field) -> run_id   a body field's run id (body_field undone).
+--   audit_run_id(shard, xy, field) -> run_id   a body field's run id (body_field undone;
+--       shard: the id's 3 shard characters).
 --   audit_scan(key, cursor, count) -> cursor, flat   one bounded HSCAN step.
---   audit_decode(raw) -> r | nil   a record, or nil when it does not decode into one.
---   audit_read(tag, run_id) -> r | nil, raw   the stored record (r nil: none or corrupt;
---       raw tells which).
+--   audit_sound(r, n) -> ok   whether n decoded values have a record's shape;
+--       audit_values(ok, ...), audit_head_values(ok, offset, ...) -> r | nil   pcall's
+--       answer of cmsgpack.unpack, or of unpack_limit, as a record.
+--   audit_decode(raw, head) -> r | nil   a record, or nil when it does not decode into
+--       one; with head, only its first five values (state .. queue), cheaper.
+--   audit_read(tag, run_id, head) -> r | nil, raw   the stored record (r nil: none or
+--       corrupt; raw tells which), whole or its head.
 --   audit_bucket(due_ms, bucket_ms) -> text   the far bucket start of a due time.
 --   audit_where(tag, run_id, r, bucket_ms) -> near_score | nil, in_far, held   where a
 --       stored-as-scheduled run is: its near level score, whether its far bucket holds
 --       it, whether its schedule holds it back (overlap buffer_one).
---   audit_sent_attempt(tag, run_id, r, bucket_ms) -> attempt | nil   the attempt a run is
---       out with: a record that says dispatched, or one that says scheduled and sits in
---       no level and is not held (sent, or lost from the wheel: only the ready stream
---       tells); nil for a run that is not out.
+--   audit_level(tag, run_id, r, promoted, bucket_ms) -> 'near' | 'far' | 'held' | false,
+--       key   the same, in as few lookups as a sound run needs (promoted: promoted_until),
+--       and the near level or far bucket holding it.
+--   audit_sent_attempt(tag, run_id, r, promoted, bucket_ms) -> attempt | nil   the attempt
+--       a run is out with: a record that says dispatched, or one that says scheduled and
+--       sits in no level and is not held (sent, or lost from the wheel: only the ready
+--       stream tells); nil for a run that is not out.
 --   audit_visibility_ms(r, default_ms) -> ms   the run's executor lease.
 --   audit_late_reason(ctx, tenant, level) -> reason   why a run of this level ('near' or
 --       'far') is late: 'unowned' (no lease: no scheduler node holds the shard),
@@ -40,9 +48,9 @@ local function audit_body_key(tag, index)
 end
 
 -- The inverse of run_place (lib/record.lua): the field holds the id less its 3 shard
--- characters and the 2 that chose the hash; a schedule's run keeps its '@<fire>'.
-local function audit_run_id(tag, xy, field)
-  local shard = wheel_run_id(tag, '')
+-- characters (shard, as wheel_run_id(tag, '') gives them) and the 2 that chose the hash;
+-- a schedule's run keeps its '@<fire>'.
+local function audit_run_id(shard, xy, field)
   local at = string.find(field, '@', 1, true)
   if at then
     return shard .. string.sub(field, 1, at - 1) .. xy .. string.sub(field, at)
@@ -58,37 +66,52 @@ end
 -- A record is up to 12 msgpack values; the first five must be a state, an attempt, a
 -- due time, a tenant and a queue. Bytes that are not msgpack, or msgpack of another
 -- shape (any byte below 0x80 alone is a valid number), are not a record.
-local function audit_decode(raw)
-  local t = { pcall(cmsgpack.unpack, raw) }
-  if not t[1] then
-    return nil
-  end
-  local n = table.maxn(t) - 1
-  if n < 5 or n > 12 then
-    return nil
-  end
-  local r = {}
-  for i = 1, n do
-    r[i] = t[i + 1]
-  end
+local function audit_sound(r, n)
   local state = r[R_STATE]
-  if type(state) ~= 'number' or state < ST_SCHEDULED or state > ST_SKIPPED
-      or type(r[R_ATTEMPT]) ~= 'number' or r[R_ATTEMPT] < 0 or type(r[R_DUE]) ~= 'number'
-      or type(r[R_TENANT]) ~= 'string' or r[R_TENANT] == '' or type(r[R_QUEUE]) ~= 'string'
-      or (r[R_OPTS] ~= nil and type(r[R_OPTS]) ~= 'string')
-      or (r[R_SCHEDULE] ~= nil and type(r[R_SCHEDULE]) ~= 'string') then
+  return n >= 5 and n <= 12 and type(state) == 'number' and state >= ST_SCHEDULED
+    and state <= ST_SKIPPED and type(r[R_ATTEMPT]) == 'number' and r[R_ATTEMPT] >= 0
+    and type(r[R_DUE]) == 'number' and type(r[R_TENANT]) == 'string' and r[R_TENANT] ~= ''
+    and type(r[R_QUEUE]) == 'string' and (r[R_OPTS] == nil or type(r[R_OPTS]) == 'string')
+    and (r[R_SCHEDULE] == nil or type(r[R_SCHEDULE]) == 'string')
+end
+
+local function audit_values(ok, ...)
+  if not ok then
+    return nil
+  end
+  local r = { ... }
+  if not audit_sound(r, select('#', ...)) then
     return nil
   end
   return r
 end
 
-local function audit_read(tag, run_id)
+-- The first five values only (state .. queue): what a wheel member is checked against.
+local function audit_head_values(ok, _, ...)
+  if not ok then
+    return nil
+  end
+  local r = { ... }
+  if not audit_sound(r, 5) or select('#', ...) ~= 5 then
+    return nil
+  end
+  return r
+end
+
+local function audit_decode(raw, head)
+  if head then
+    return audit_head_values(pcall(cmsgpack.unpack_limit, raw, 5))
+  end
+  return audit_values(pcall(cmsgpack.unpack, raw))
+end
+
+local function audit_read(tag, run_id, head)
   local _, bkey, field = run_place(tag, run_id)
   local raw = redis.call('HGET', bkey, field)
   if not raw then
     return nil, nil
   end
-  return audit_decode(raw), raw
+  return audit_decode(raw, head), raw
 end
 
 local function audit_bucket(due_ms, bucket_ms)
@@ -104,18 +127,41 @@ local function audit_where(tag, run_id, r, bucket_ms)
   return near, far, held
 end
 
+-- Where a stored-as-scheduled run is, looking first where its due time says it should
+-- be (one lookup for a sound run): 'near', 'far', 'held' (out of the wheel, its schedule
+-- holds it back), or false (in no level); and for 'near' and 'far' the key that holds it.
+-- A run in both levels reads as the one looked at first; the other level then holds a
+-- member no record accounts for, which audit_near or audit_far reads.
+local function audit_level(tag, run_id, r, promoted, bucket_ms)
+  local near_key = tag .. 'near:' .. r[R_TENANT]
+  local due = r[R_DUE]
+  local bucket_key = tag .. 'w:' .. audit_bucket(due, bucket_ms)
+  if due >= promoted then
+    if redis.call('HEXISTS', bucket_key, wheel_member(run_id)) == 1 then
+      return 'far', bucket_key
+    elseif redis.call('ZSCORE', near_key, run_id) then
+      return 'near', near_key
+    end
+  elseif redis.call('ZSCORE', near_key, run_id) then
+    return 'near', near_key
+  elseif redis.call('HEXISTS', bucket_key, wheel_member(run_id)) == 1 then
+    return 'far', bucket_key
+  end
+  if r[R_SCHEDULE] ~= nil
+      and redis.call('HGET', schedule_key(tag, r[R_SCHEDULE]), 'held') == run_id then
+    return 'held'
+  end
+  return false
+end
+
 -- record_sent (lib/record.lua) without its promoted_until test: a run the promoter moved
 -- into the near level while it was still draining buckets (promoted_until not yet past
 -- it) may be sent already, and reads as scheduled until promoted_until moves on.
-local function audit_sent_attempt(tag, run_id, r, bucket_ms)
+local function audit_sent_attempt(tag, run_id, r, promoted, bucket_ms)
   if r[R_STATE] == ST_DISPATCHED then
     return r[R_ATTEMPT]
   end
-  if r[R_STATE] ~= ST_SCHEDULED then
-    return nil
-  end
-  local near, far, held = audit_where(tag, run_id, r, bucket_ms)
-  if near or far or held then
+  if r[R_STATE] ~= ST_SCHEDULED or audit_level(tag, run_id, r, promoted, bucket_ms) then
     return nil
   end
   return r[R_ATTEMPT] + 1

@@ -73,13 +73,23 @@ class Step:
     """Where to go on ('' or '0' once done, as each operation says)."""
     examined: int
     findings: list[Finding]
+    counted: int = 0
+    """audit_near, audit_far: members accounted for by their number, not read."""
+    placed: dict[str, int] | None = None
+    """audit_records: near level or far bucket -> the scheduled runs found in it."""
+
+
+def _text(value: object) -> str:
+    """A reply value as text; bytes that are not UTF-8 (a stream entry's run_id of any
+    bytes) are shown, not refused."""
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
 def findings_of(shard: int, flat: Sequence[Any]) -> list[Finding]:
     """The findings of a reply's tail: six values each."""
     out = []
     for i in range(0, len(flat) - 5, 6):
-        kind, tenant, run_id, reason, detail, data = (text(v) for v in flat[i : i + 6])
+        kind, tenant, run_id, reason, detail, data = (_text(v) for v in flat[i : i + 6])
         out.append(Finding(Kind(kind), shard, tenant, run_id, detail, reason, data))
     return out
 
@@ -89,6 +99,28 @@ def _step3(shard: int) -> Any:
 
     def decode(reply: list[Any]) -> Step:
         return Step(int(reply[0]), text(reply[1]), int(reply[2]), findings_of(shard, reply[3:]))
+
+    return decode
+
+
+def _records(shard: int) -> Any:
+    """{index, cursor, examined, {key, runs, ...}, findings...} replies."""
+
+    def decode(reply: list[Any]) -> Step:
+        flat = reply[3]
+        placed = {text(flat[i]): int(flat[i + 1]) for i in range(0, len(flat) - 1, 2)}
+        findings = findings_of(shard, reply[4:])
+        return Step(int(reply[0]), text(reply[1]), int(reply[2]), findings, placed=placed)
+
+    return decode
+
+
+def _members(shard: int) -> Any:
+    """{done, cursor, read, counted, findings...} replies."""
+
+    def decode(reply: list[Any]) -> Step:
+        findings = findings_of(shard, reply[4:])
+        return Step(int(reply[0]), text(reply[1]), int(reply[2]), findings, int(reply[3]))
 
     return decode
 
@@ -145,14 +177,14 @@ class AuditCalls:
                 o.scratch_ttl_ms,
                 "1" if backlog else "0",
             ],
-            _step3(shard),
+            _records(shard),
         )
 
-    def stream(self, shard: int, scratch: str, stream: str, after: str) -> Call[Step]:
+    def streams(self, shard: int, scratch: str, streams: Sequence[str], after: str) -> Call[Step]:
         o, s = self.options, self.store.settings
         return Call(
             self.scripts.audit_stream,
-            [stream, scratch],
+            [scratch, *streams],
             [
                 after,
                 o.batch,
@@ -162,7 +194,7 @@ class AuditCalls:
                 s.bucket_ms,
                 o.scratch_ttl_ms,
             ],
-            _step2(shard),
+            _step3(shard),
         )
 
     def confirm(self, shard: int, scratch: str, cursor: str) -> Call[Step]:
@@ -173,20 +205,33 @@ class AuditCalls:
             _step2(shard),
         )
 
-    def near(self, shard: int, near_keys: Sequence[str], cursor: str) -> Call[Step]:
+    def near(
+        self, shard: int, near_keys: Sequence[str], cursor: str, expected: Sequence[int]
+    ) -> Call[Step]:
+        """Near levels from `cursor` in the first; `expected`: the runs audit_records found
+        in each (a level of exactly that size is not read member by member)."""
         return Call(
             self.scripts.audit_near,
             list(near_keys),
-            [cursor, self.options.batch, clock_arg(self.options.now_ms)],
-            _step3(shard),
+            [
+                cursor,
+                self.options.batch,
+                clock_arg(self.options.now_ms),
+                self.store.settings.bucket_ms,
+                *expected,
+            ],
+            _members(shard),
         )
 
-    def far(self, shard: int, bucket_keys: Sequence[str], cursor: str) -> Call[Step]:
+    def far(
+        self, shard: int, bucket_keys: Sequence[str], cursor: str, expected: Sequence[int]
+    ) -> Call[Step]:
+        """Far buckets, as `near`."""
         return Call(
             self.scripts.audit_far,
             list(bucket_keys),
-            [cursor, self.options.batch, self.store.settings.bucket_ms],
-            _step3(shard),
+            [cursor, self.options.batch, self.store.settings.bucket_ms, *expected],
+            _members(shard),
         )
 
     def schedules(self, shard: int, cursor: str) -> Call[Step]:

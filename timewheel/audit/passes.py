@@ -1,10 +1,12 @@
-"""An audit pass over a deployment's shards: shard by shard, in bounded steps.
+"""An audit pass over a deployment's shards: the key names first, then shard by shard,
+in bounded steps.
 
 `AuditPass.step(budget)` does about `budget` things' worth of calls (records, entries,
 members, schedules, key names read) and keeps every cursor, so a scheduler node can run a
 pass within a CPU budget, a little per turn; `run()` goes to the end. Memory is bounded by
-one shard's key names (near levels, far buckets, ready streams) per shard in progress and
-the findings kept (`keep`); findings past that are only counted.
+the key names of the near levels, far buckets and ready streams of the shards not yet
+audited (keyspace.py) and the findings kept (`keep`); findings past that are only
+counted. Nothing is held per run.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import structlog
 
 from timewheel.audit.calls import AuditCalls, AuditOptions
 from timewheel.audit.findings import Finding, Kind, Tally
+from timewheel.audit.keyspace import KeyDiscovery
 from timewheel.audit.repair import Repairer
 from timewheel.audit.shard import Examined, ShardAudit
 from timewheel.store.shard import Store
@@ -74,6 +77,7 @@ class AuditPass:
         self.tally = Tally(keep)
         self.repairer = Repairer(self.calls) if repair else None
         self.examined = Examined()
+        self.discovery = KeyDiscovery(store, self.shards)
         self._waiting = deque(self.shards)
         self._current: ShardAudit | None = None
         self._started = time.monotonic()
@@ -89,13 +93,16 @@ class AuditPass:
             await self.repairer.repair(finding)
 
     def _audit(self, shard: int) -> ShardAudit:
-        return ShardAudit(self.calls, shard, self.pass_id, self._found)
+        return ShardAudit(self.calls, shard, self.pass_id, self.discovery.take(shard), self._found)
 
     def _finished(self, audit: ShardAudit) -> None:
         self.examined.add(audit.examined)
 
     async def step(self, budget: int) -> bool:
         """Audit on for about `budget` things read; True once the pass is done."""
+        while budget > 0 and not self.discovery.done:
+            budget -= max(1, await self.discovery.step())
+            self.examined.calls += 1
         while budget > 0 and not self.done:
             if self._current is None:
                 if not self._waiting:
@@ -111,6 +118,9 @@ class AuditPass:
     async def run(self, parallel: int = 1) -> AuditReport:
         """Audit every shard left, `parallel` shards at a time (on a Cluster, shards of
         different primaries are read at once); the report."""
+        while not self.discovery.done:
+            await self.discovery.step()
+            self.examined.calls += 1
         if self._current is not None:
             await self._current.run()
             self._finished(self._current)
@@ -128,6 +138,7 @@ class AuditPass:
 
     def _end(self) -> None:
         if self._seconds is None:
+            self.examined.keys = self.discovery.scanned
             self._seconds = time.monotonic() - self._started
             self._log()
 

@@ -4,15 +4,16 @@ by a cursor this object holds, so `step(budget)` can stop anywhere and go on lat
 Phases (docs/operations/auditing.md has what each checks):
 
 1. view: the shard clock, promoted_until, the lease, how much is due (audit_shard).
-2. keys: the shard's near levels, far buckets and ready streams, by SCAN on the node
-   holding the shard (key names only; COUNT 1000 a step).
-3. records: every record of the 1,024 body hashes (audit_records). A run found out
+2. records: every record of the 1,024 body hashes (audit_records). A run found out
    (dispatched) goes to the pass's scratch hash in the shard.
-4. streams: every ready stream's entries (audit_stream), which take their runs off the
+3. streams: every ready stream's entries (audit_stream), which take their runs off the
    scratch hash.
-5. confirm: what is left in the scratch hash (audit_confirm): out, and no entry.
-6. near, far: the members of every near level and far bucket (audit_near, audit_far).
-7. schedules: every schedule (audit_schedules).
+4. confirm: what is left in the scratch hash (audit_confirm): out, and no entry.
+5. near, far: the members of every near level and far bucket (audit_near, audit_far).
+6. schedules: every schedule (audit_schedules).
+
+The shard's near levels, far buckets and streams are those the pass found by SCAN
+(keyspace.py) before it began.
 
 The order keeps the scratch hash short-lived (it exists from the records to the confirm
 phase) and makes the check of dispatched runs exact under load: a run seen out in the
@@ -25,28 +26,20 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from enum import StrEnum
 from typing import Any
 
-from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import RedisError
-
 from timewheel.audit.calls import BODY_HASHES, MAX_KEYS_PER_CALL, AuditCalls, ShardView, Step
 from timewheel.audit.findings import Finding, Kind
-from timewheel.errors import RedisUnavailable
+from timewheel.audit.keyspace import ShardKeys
 from timewheel.schedules.model import spec_from_json
 from timewheel.schedules.spec import next_fire
 from timewheel.store.shard import Store
-from timewheel.types import text
-
-SCAN_COUNT = 1000
-"""Keys SCAN looks at per step of the keys phase."""
 
 
 class Phase(StrEnum):
     VIEW = "view"
-    KEYS = "keys"
     RECORDS = "records"
     STREAMS = "streams"
     CONFIRM = "confirm"
@@ -70,7 +63,10 @@ class Examined:
     entries: int = 0
     """Ready-stream entries."""
     members: int = 0
-    """Near-level and far-bucket members."""
+    """Near-level and far-bucket members checked."""
+    members_read: int = 0
+    """Of them, those read one by one: in a level or bucket that held more (or fewer)
+    members than the records phase found runs in it."""
     schedules: int = 0
     keys: int = 0
     """Key names SCAN returned."""
@@ -90,20 +86,12 @@ class _Cursor:
 
     index: int = 0
     cursor: str = "0"
-    started: bool = False
-
-
-@dataclass(slots=True)
-class _ShardKeys:
-    near: set[str] = field(default_factory=set)
-    buckets: set[str] = field(default_factory=set)
-    streams: set[str] = field(default_factory=set)
 
 
 class ShardAudit:
     """One shard's part of an audit pass."""
 
-    def __init__(self, calls: AuditCalls, shard: int, pass_id: str, sink: Sink):
+    def __init__(self, calls: AuditCalls, shard: int, pass_id: str, keys: ShardKeys, sink: Sink):
         self.calls = calls
         self.store: Store = calls.store
         self.shard = shard
@@ -113,11 +101,11 @@ class ShardAudit:
         self.view: ShardView | None = None
         self.examined = Examined()
         self._at = _Cursor()
-        self._found = _ShardKeys()
-        self._near: list[str] = []
-        self._buckets: list[str] = []
-        self._streams: list[str] = []
-        self._scan_node: Any = None
+        self._near = keys.near
+        self._buckets = keys.buckets
+        self._streams = keys.streams
+        self._placed: dict[str, int] = {}
+        """Near level or far bucket -> the scheduled runs the records phase found in it."""
 
     @property
     def done(self) -> bool:
@@ -146,7 +134,10 @@ class ShardAudit:
 
     def _next_phase(self) -> None:
         self.phase = PHASES[PHASES.index(self.phase) + 1]
-        self._at = _Cursor()
+        if self.phase is Phase.SCHEDULES:
+            self._placed = {}  # the near and far phases are done with it
+        # A stream is read from its start when the cursor is '' (audit_stream).
+        self._at = _Cursor(cursor="" if self.phase is Phase.STREAMS else "0")
 
     async def _call(self) -> int:
         phase = self.phase
@@ -154,91 +145,31 @@ class ShardAudit:
             self.view = await self.store.run(self.calls.shard(self.shard))
             self._next_phase()
             return 1
-        if phase is Phase.KEYS:
-            return await self._scan_keys()
         if phase is Phase.RECORDS:
             return await self._records()
         if phase is Phase.STREAMS:
-            return await self._streams_step()
+            return await self._keys_step(self._streams, self._streams_call, entries=True)
         if phase is Phase.CONFIRM:
             return await self._confirm_step()
         if phase is Phase.NEAR:
-            return await self._keys_step(self._near, self.calls.near)
+            return await self._keys_step(self._near, self._near_call)
         if phase is Phase.FAR:
-            return await self._keys_step(self._buckets, self.calls.far)
+            return await self._keys_step(self._buckets, self._far_call)
         if phase is Phase.SCHEDULES:
             return await self._schedules_step()
         return 0
-
-    async def _scan_keys(self) -> int:
-        k = self.store.keys
-        tag = k.tag(self.shard)
-        pattern = _glob_escape(tag) + "[nwq]*"
-        client = self.store.client
-        try:
-            if isinstance(client, RedisCluster):
-                if self._scan_node is None:
-                    self._scan_node = client.get_node_from_key(k.meta(self.shard))
-                reply: Any = await client.scan(
-                    cursor=int(self._at.cursor),
-                    match=pattern,
-                    count=SCAN_COUNT,
-                    target_nodes=self._scan_node,
-                )
-                cursors, names = reply  # {node name: cursor}, keys
-                cursor = int(next(iter(cursors.values()))) if cursors else 0
-            else:
-                cursor, names = await client.scan(
-                    cursor=int(self._at.cursor), match=pattern, count=SCAN_COUNT
-                )
-        except (RedisError, OSError) as exc:
-            raise RedisUnavailable(f"SCAN of shard {self.shard} failed: {exc}") from exc
-        for raw in names:
-            name = text(raw)
-            rest = name[len(tag) :]
-            if rest.startswith("near:"):
-                self._found.near.add(name)
-            elif rest.startswith("w:"):
-                self._found.buckets.add(name)
-            elif rest.startswith("q:"):
-                self._found.streams.add(name)
-        self.examined.keys += len(names)
-        if int(cursor) == 0:
-            self._near = sorted(self._found.near)
-            self._buckets = sorted(self._found.buckets)
-            self._streams = sorted(self._found.streams)
-            self._found = _ShardKeys()
-            self._next_phase()
-        else:
-            self._at.cursor = str(cursor)
-        return max(1, len(names))
 
     async def _records(self) -> int:
         at = self._at
         call = self.calls.records(self.shard, self.scratch, at.index, at.cursor, self.backlog)
         step = await self.store.run(call)
         await self._found_all(step)
+        for key, n in (step.placed or {}).items():
+            self._placed[key] = self._placed.get(key, 0) + n
         self.examined.records += step.examined
         at.index, at.cursor = step.position, step.cursor
         if at.index >= BODY_HASHES:
             self._next_phase()
-        return step.examined
-
-    async def _streams_step(self) -> int:
-        at = self._at
-        if at.index >= len(self._streams):
-            self._next_phase()
-            return 0
-        after = at.cursor if at.started else ""
-        step = await self.store.run(
-            self.calls.stream(self.shard, self.scratch, self._streams[at.index], after)
-        )
-        await self._found_all(step)
-        self.examined.entries += step.examined
-        if step.cursor == "":
-            at.index, at.cursor, at.started = at.index + 1, "0", False
-        else:
-            at.cursor, at.started = step.cursor, True
         return step.examined
 
     async def _confirm_step(self) -> int:
@@ -252,8 +183,20 @@ class ShardAudit:
             at.cursor = step.cursor
         return step.examined
 
-    async def _keys_step(self, names: list[str], build: Callable[..., Any]) -> int:
-        """A near or far phase: the keys from the current one on, MAX_KEYS_PER_CALL a call."""
+    def _streams_call(self, shard: int, streams: list[str], cursor: str) -> Any:
+        return self.calls.streams(shard, self.scratch, streams, cursor)
+
+    def _near_call(self, shard: int, keys: list[str], cursor: str) -> Any:
+        return self.calls.near(shard, keys, cursor, [self._placed.get(k, 0) for k in keys])
+
+    def _far_call(self, shard: int, keys: list[str], cursor: str) -> Any:
+        return self.calls.far(shard, keys, cursor, [self._placed.get(k, 0) for k in keys])
+
+    async def _keys_step(
+        self, names: list[str], build: Callable[..., Any], *, entries: bool = False
+    ) -> int:
+        """A streams, near or far phase: the keys from the current one on,
+        MAX_KEYS_PER_CALL a call."""
         at = self._at
         if at.index >= len(names):
             self._next_phase()
@@ -261,10 +204,14 @@ class ShardAudit:
         chunk = names[at.index : at.index + MAX_KEYS_PER_CALL]
         step: Step = await self.store.run(build(self.shard, chunk, at.cursor))
         await self._found_all(step)
-        self.examined.members += step.examined
+        if entries:
+            self.examined.entries += step.examined
+        else:
+            self.examined.members += step.examined + step.counted
+            self.examined.members_read += step.examined
         at.index += step.position
         at.cursor = step.cursor
-        return step.examined
+        return step.examined + step.position
 
     async def _schedules_step(self) -> int:
         at = self._at
@@ -315,8 +262,3 @@ async def _ended_silently(candidate: Finding) -> Finding | None:
         f"ended after {cursor} though its spec fires again at {following}, with neither "
         "end_at nor max_runs reached",
     )
-
-
-def _glob_escape(value: str) -> str:
-    """A literal for a SCAN MATCH pattern."""
-    return "".join("\\" + c if c in "*?[]\\" else c for c in value)
