@@ -133,18 +133,17 @@ end
 -- A run in both levels reads as the one looked at first; the other level then holds a
 -- member no record accounts for, which audit_near or audit_far reads.
 local function audit_level(tag, run_id, r, promoted, bucket_ms)
-  local near_key = tag .. 'near:' .. r[R_TENANT]
   local due = r[R_DUE]
   local bucket_key = tag .. 'w:' .. audit_bucket(due, bucket_ms)
-  if due >= promoted then
-    if redis.call('HEXISTS', bucket_key, wheel_member(run_id)) == 1 then
-      return 'far', bucket_key
-    elseif redis.call('ZSCORE', near_key, run_id) then
-      return 'near', near_key
-    end
-  elseif redis.call('ZSCORE', near_key, run_id) then
+  if due >= promoted
+      and redis.call('HEXISTS', bucket_key, wheel_member(run_id)) == 1 then
+    return 'far', bucket_key
+  end
+  local near_key = tag .. 'near:' .. r[R_TENANT]
+  if redis.call('ZSCORE', near_key, run_id) then
     return 'near', near_key
-  elseif redis.call('HEXISTS', bucket_key, wheel_member(run_id)) == 1 then
+  elseif due < promoted
+      and redis.call('HEXISTS', bucket_key, wheel_member(run_id)) == 1 then
     return 'far', bucket_key
   end
   if r[R_SCHEDULE] ~= nil
