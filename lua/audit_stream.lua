@@ -4,15 +4,17 @@
                    the attempt it is out with is taken off it; its TTL is set to ARGV[7]
   KEYS[2 ..] stream  STREAM tag..'q:'..tenant..':'..queue, each of the same shard (the tag
                    is KEYS[1] up to '}:'), read in order
-  ARGV[1] id of the last entry read in KEYS[2] ('' = from its start, where its groups are
-          checked)   ARGV[2] limit: entries per call (<= 500)
+  ARGV[1] where to go on in KEYS[2]: '<last entry id read> <last entry id to read>', as a
+          previous call answered ('' = from its start, where its groups are checked)
+  ARGV[2] limit: entries per call (<= 500)
   ARGV[3] default visibility timeout ms   ARGV[4] min visibility timeout ms
   ARGV[5] grace ms: how long past its visibility timeout a pending entry may wait for the
           reaper   ARGV[6] bucket_ms   ARGV[7] scratch TTL ms
   Derived keys (same tag): meta, t:<xy>, near:<tenant>, w:<bucket>, s:<sid>, groups, lease.
-  Returns: {done, last, examined, findings...}   done: how many streams were read to
-           their end; last: the id to go on after in the next one ('' = its start);
-           findings 6 values each, as audit_records.
+  Returns: {done, cursor, examined, findings...}   done: how many streams were read to
+           their end; cursor: where to go on in the next one, for ARGV[1] ('' = its start);
+           findings 6 values each, as audit_records. A stream is read up to the entry that
+           was its last when its reading began.
   Errors:  none.
   Checks: every entry belongs to a run out (dispatched) at the entry's attempt, in this
   stream (record_missing, stream_entry_orphan); an entry a consumer group has delivered
@@ -113,28 +115,43 @@ local function check_entry(stream, groups, tenant, queue, id, fields)
   end
 end
 
-local done, examined = 0, 0
+-- A stream is read up to the entry that was its last when its reading began: entries
+-- added since are of runs sent after audit_records read them, and a stream that grows
+-- faster than it is read still ends.
+local done, examined, upto = 0, 0, nil
+if after ~= '' then
+  after, upto = string.match(after, '^([^ ]+) (.+)$')
+end
 while done < #KEYS - 1 and examined < limit do
   local stream = KEYS[done + 2]
   local entries = {}
   if rcall('EXISTS', stream) == 1 then
     local tenant, queue = string.match(string.sub(stream, #tag + 3), '^([^:]+):(.*)$')
     local groups = stream_groups(stream, tenant, after == '')
-    local start = after == '' and '-' or '(' .. after
-    entries = rcall('XRANGE', stream, start, '+', 'COUNT', limit - examined)
-    for _, e in ipairs(entries) do
-      check_entry(stream, groups, tenant, queue, e[1], e[2])
+    if upto == nil then
+      local last = rcall('XREVRANGE', stream, '+', '-', 'COUNT', 1)[1]
+      upto = last and last[1]
+    end
+    if upto ~= nil then
+      local start = after == '' and '-' or '(' .. after
+      entries = rcall('XRANGE', stream, start, upto, 'COUNT', limit - examined)
+      for _, e in ipairs(entries) do
+        check_entry(stream, groups, tenant, queue, e[1], e[2])
+      end
     end
   end
   examined = examined + #entries
-  if #entries > 0 and examined >= limit then
+  if #entries > 0 and examined >= limit and entries[#entries][1] ~= upto then
     after = entries[#entries][1]  -- the limit stopped it: go on after the last one read
   else
-    done, after = done + 1, ''
+    done, after, upto = done + 1, '', nil
   end
 end
 if wrote then
   rcall('PEXPIRE', scratch_key, scratch_ttl)
+end
+if after ~= '' then
+  after = after .. ' ' .. upto
 end
 out[1], out[2], out[3] = done, after, examined
 return out

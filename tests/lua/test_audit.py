@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 
+from timewheel.audit import AuditOptions, AuditPass
+from timewheel.audit.calls import AuditCalls
 from timewheel.audit.findings import Kind
 from timewheel.dispatch.rates import DispatchRates
 from timewheel.engine import Engine
@@ -232,3 +234,42 @@ async def test_a_run_promoted_ahead_of_promoted_until_is_judged_by_its_stream(
         assert delivery.run_id in {d.run_id for d in again}
     finally:
         await engine.close()
+
+
+async def test_a_pass_in_small_steps_finds_what_a_whole_pass_finds(engine: Engine) -> None:
+    """step(budget) does a bounded amount of work and keeps its cursors: a pass made of
+    many small steps, as a scheduler node could run it, ends with the same findings."""
+    faults = await break_deployment(engine)
+    options = AuditOptions(now_ms=faults.now_ms, batch=3)
+    stepped = AuditPass(engine.store, options, keep=1_000)
+    steps = 0
+    while not await stepped.step(5):
+        steps += 1
+        assert steps < 10_000
+    report = stepped.report()
+    assert found(report) == faults.expected
+    assert steps > 10  # many calls, each of a few records, entries or members
+    assert report.examined.records == (await audit(engine, faults.now_ms)).examined.records
+
+
+async def test_a_stream_is_read_up_to_its_last_entry_when_its_reading_began(
+    engine: Engine,
+) -> None:
+    """A stream that grows while it is read still ends: entries added after its reading
+    began are of runs sent after the records were read, and are left to the next pass."""
+    await prime(engine)
+    await engine.tasks.create_many([NewTask(tenant="acme", run_at_ms=NOW) for _ in range(10)])
+    await tick_all(engine, NOW)
+    shard = engine.store.shards_of("acme")[0]
+    stream = engine.keys.stream(shard, "acme", "default")
+    calls = AuditCalls(engine.store, AuditOptions(batch=4))
+    scratch = engine.keys.audit_scratch(shard, "test")
+    step = await engine.store.run(calls.streams(shard, scratch, [stream], ""))
+    assert (step.position, step.examined) == (0, 4)
+    for _ in range(5):  # entries no run accounts for: read, they would be findings
+        await engine.client.xadd(stream, {"run_id": "x", "attempt": "1"})
+    read, findings = step.examined, list(step.findings)
+    while step.position == 0:
+        step = await engine.store.run(calls.streams(shard, scratch, [stream], step.cursor))
+        read, findings = read + step.examined, findings + step.findings
+    assert (read, findings) == (10, [])
