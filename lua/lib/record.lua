@@ -62,15 +62,26 @@ end
 
 -- Whether a run whose record says scheduled has been sent. The tick does not rewrite a
 -- record when it sends the run (that 200-byte rewrite was a third of a dispatch): it
--- only takes the run out of its tenant's near level. So a scheduled run due before the
--- shard's promoted_until (the near level's span; later runs wait in far buckets, which
--- the tick never reads) that is no longer in the near level, and is not held back by
--- its schedule's overlap policy, is out at its next attempt. Every move that puts a
--- run back (retry, release, replay, reschedule) places it in the wheel in the same call.
+-- only takes the run out of its tenant's near level. So a scheduled run that is in
+-- neither level of the wheel, and is not held back by its schedule's overlap policy,
+-- is out at its next attempt. A run due before the shard's promoted_until can only be
+-- in the near level; a later one is in its far bucket, or, while the promoter drains
+-- that bucket in several calls (more than promote_batch runs), already moved to the
+-- near level and perhaps sent, although promoted_until is still before it. The far
+-- bucket is the wheel index's latest bucket starting at or before the run's due time.
+-- Every move that puts a run back (retry, release, replay, reschedule) places it in the
+-- wheel in the same call.
 local function record_sent(tag, run_id, r)
-  local promoted = wheel_promoted_until(tag .. 'meta')
-  if r[R_DUE] >= promoted or redis.call('ZSCORE', tag .. 'near:' .. r[R_TENANT], run_id) then
+  if redis.call('ZSCORE', tag .. 'near:' .. r[R_TENANT], run_id) then
     return false
+  end
+  local due = r[R_DUE]
+  if due >= wheel_promoted_until(tag .. 'meta') then
+    local bucket = redis.call('ZRANGE', tag .. 'wheel', due, '-inf', 'BYSCORE', 'REV', 'LIMIT', 0,
+      1)[1]
+    if bucket and redis.call('HEXISTS', tag .. 'w:' .. bucket, wheel_member(run_id)) == 1 then
+      return false
+    end
   end
   return not (r[R_SCHEDULE] and redis.call('HGET', tag .. 's:' .. r[R_SCHEDULE], 'held') == run_id)
 end

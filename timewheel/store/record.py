@@ -73,10 +73,16 @@ def decode(run_id: str, raw: bytes, sent: bool = False) -> Task:
     )
 
 
-def is_sent(run_id: str, due_ms: int, promoted_until: Any, near_score: Any, held: Any) -> bool:
+def is_sent(
+    run_id: str, due_ms: int, promoted_until: Any, near_score: Any, held: Any, in_far: Any
+) -> bool:
     """lua/lib/record.lua record_sent, from what Redis answered: a run whose record says
-    scheduled was sent if it is due before the shard's promoted_until, no longer in its
-    tenant's near level, and not held back by its schedule."""
+    scheduled was sent if it is in neither level of the wheel (not in its tenant's near
+    level; due before the shard's promoted_until, or not in its far bucket: a bucket the
+    promoter drains in several calls has runs moved, and sent, ahead of promoted_until)
+    and not held back by its schedule."""
     promoted = int(promoted_until) if promoted_until is not None else 0
     held_id = held.decode() if isinstance(held, bytes) else held
-    return due_ms < promoted and near_score is None and held_id != run_id
+    if near_score is not None or held_id == run_id:
+        return False
+    return due_ms < promoted or not in_far

@@ -25,6 +25,7 @@ from timewheel.errors import (
     ValidationError,
 )
 from timewheel.store import record
+from timewheel.store.keys import Keys
 from timewheel.store.library import ScriptArg, check
 from timewheel.store.shard import Call, Store, clock_arg
 from timewheel.tasks import window
@@ -201,11 +202,29 @@ class TaskOps:
         task = record.decode(task_id, raw)
         if task.tenant != tenant:
             raise TaskNotFound(task_id)
-        if task.state == "scheduled" and record.is_sent(
-            task_id, task.due_ms, promoted, score, held
-        ):
-            task = record.decode(task_id, raw, sent=True)
+        if task.state == "scheduled":
+            # Only a run out of its near level and due past promoted_until needs its far
+            # bucket looked at: a second round trip, for future runs.
+            far = score is None and task.due_ms >= int(promoted or 0)
+            in_far = far and await self._in_far(shard, [task])
+            if record.is_sent(task_id, task.due_ms, promoted, score, held, in_far):
+                task = record.decode(task_id, raw, sent=True)
         return task
+
+    def _far_key(self, shard: int, task: Task) -> tuple[str, str]:
+        bucket_ms = self.store.settings.bucket_ms
+        due = task.due_ms
+        return self.store.keys.bucket(shard, due - due % bucket_ms), Keys.bucket_member(task.run_id)
+
+    async def _in_far(self, shard: int, tasks: Sequence[Task]) -> bool:
+        """Whether every one of `tasks` is in its far bucket (one round trip)."""
+        try:
+            pipe = self.store.client.pipeline(transaction=False)
+            for t in tasks:
+                pipe.hexists(*self._far_key(shard, t))
+            return all(await pipe.execute())
+        except (RedisError, OSError) as exc:
+            raise RedisUnavailable(f"cannot read the far level: {exc}") from exc
 
     async def sent_runs(self, shard: int, tasks: Sequence[Task]) -> set[str]:
         """The run ids of `tasks` (records read from `shard`) that say scheduled but were
@@ -221,14 +240,15 @@ class TaskOps:
                 pipe.zscore(k.near(shard, t.tenant), t.run_id)
                 # '-' names no schedule: a one-shot run is never held.
                 pipe.hget(k.schedule(shard, t.schedule_id or "-"), "held")
+                pipe.hexists(*self._far_key(shard, t))
             replies: list[Any] = await pipe.execute()
         except (RedisError, OSError) as exc:
-            raise RedisUnavailable(f"cannot read the near level: {exc}") from exc
+            raise RedisUnavailable(f"cannot read the wheel: {exc}") from exc
         promoted = replies[0]
         return {
             t.run_id
             for i, t in enumerate(waiting)
-            if record.is_sent(t.run_id, t.due_ms, promoted, replies[1 + 2 * i], replies[2 + 2 * i])
+            if record.is_sent(t.run_id, t.due_ms, promoted, *replies[1 + 3 * i : 4 + 3 * i])
         }
 
     def cancel_call(self, tenant: str, task_id: str, now_ms: int | None = None) -> Call[Task]:
