@@ -149,7 +149,7 @@ async def part(url: str, args: argparse.Namespace, log_dir: Path) -> dict[str, A
         )
         rate = CALIBRATION / (time.perf_counter() - calibrate)
         now = await server_ms(client)
-        lead_ms = int((args.herd + args.fat) / rate * 1500) + 4_000 + BEFORE_S * 1000
+        lead_ms = int((args.herd + args.fat) / rate * 2500) + 4_000 + BEFORE_S * 1000
         t0 = now + lead_ms - (now + lead_ms) % 1000
         window_start = t0 - BEFORE_S * 1000
         quiet_count = (BEFORE_S + args.after) * QUIET_RATE
@@ -186,6 +186,8 @@ async def part(url: str, args: argparse.Namespace, log_dir: Path) -> dict[str, A
         proc.terminate()
         proc.wait(timeout=20)
     dispatches = await read_dispatches(client)
+    persistence = await client.info("persistence")
+    stats = await client.info("stats")
     await engine.close()
 
     quiet_set, herd_set = set(quiet_ids), set(herd_ids)
@@ -225,6 +227,10 @@ async def part(url: str, args: argparse.Namespace, log_dir: Path) -> dict[str, A
             **{f"lag_{k}": v for k, v in lag_figures(sched_runs).items() if k != "count"},
         },
         "duplicates": sum(n - 1 for n in seen.values() if n > 1),
+        "redis": {
+            "aof_rewrites": persistence.get("aof_rewrites"),
+            "latest_fork_usec": stats.get("latest_fork_usec"),
+        },
         "target_quiet_p99_ms": QUIET_P99_TARGET_MS,
     }
     out["met"] = (
