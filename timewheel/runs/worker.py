@@ -320,25 +320,29 @@ class Worker:
     def _plan(self, room: int) -> list[tuple[int, list[str]]]:
         """What to read for `room` runs: (count per stream, streams) items.
 
-        Pairs whose last read filled a stream's count (busy) share the room equally;
-        the others are probed with one run per stream, within half the room, the window
-        of probed pairs rotating from read to read. With every pair idle, all share."""
+        Pairs whose last read filled a stream's count (busy) share the room equally. The
+        others are probed with one run per stream: as many as fit in half the room (at
+        least one pair), taken round robin from where the last read's probes stopped.
+        With no pair busy, all share."""
         pairs = self._pairs
         if len(pairs) == 1:
             streams = pairs[0].streams
             return [(-(-room // len(streams)), streams)]
-        start = self._rotation % len(pairs)
-        self._rotation += 1
-        ordered = pairs[start:] + pairs[:start]
-        busy = [p for p in ordered if p.busy]
+        busy = [p for p in pairs if p.busy]
         probes: list[str] = []
-        if busy:
-            budget = room // 2
-            for p in ordered:
-                if not p.busy and len(probes) + len(p.streams) <= max(budget, 1):
-                    probes.extend(p.streams)
-        else:
-            busy = ordered
+        if not busy:
+            busy = pairs
+        elif len(busy) < len(pairs):
+            budget, start, n = room // 2, self._rotation, len(pairs)
+            for step in range(n):
+                i = (start + step) % n
+                p = pairs[i]
+                if p.busy:
+                    continue
+                if probes and len(probes) + len(p.streams) > budget:
+                    break
+                probes.extend(p.streams)
+                self._rotation = (i + 1) % n
         share = max(1, (room - len(probes)) // len(busy))
         by_count: dict[int, list[str]] = {}
         for p in busy:
