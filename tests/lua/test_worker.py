@@ -308,3 +308,28 @@ async def test_failed_handlers_are_logged_with_tracebacks_rate_limited(
     assert worker._failures.suppressed_total == 41 - len(lines)
     assert any(e["event"] == "worker_started" for e in logs)
     assert any(e["event"] == "worker_stopped" for e in logs)
+
+
+async def test_a_worker_makes_its_groups_again_when_its_streams_are_gone(fast: Engine) -> None:
+    """As after a restore into an emptied Redis: the streams and their groups are gone;
+    the worker finds out at its next read, makes them again and goes on."""
+    handled: list[str] = []
+
+    async def handler(d: Delivery) -> None:
+        handled.append(d.run_id)
+
+    worker = Worker(fast.store, "acme", "default")
+    stop = asyncio.Event()
+    async with running_scheduler(fast):
+        task = asyncio.create_task(worker.run(handler, stop))
+        try:
+            first = await fast.tasks.create(NewTask(tenant="acme", delay_ms=0))
+            await _until(lambda: worker.handled == 1, 10, "first run")
+            for stream in worker.streams:
+                await fast.client.delete(stream)
+            second = await fast.tasks.create(NewTask(tenant="acme", delay_ms=0))
+            await _until(lambda: worker.handled == 2, 15, "the worker did not recover")
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 10)
+    assert handled == [first.task_id, second.task_id]
