@@ -4,8 +4,9 @@ A worker reads and acknowledges every run, so it skips redis-py's layers per com
 and per reply, which cost more than the rest of a run's bookkeeping: XREADGROUP is one
 command packed by hiredis, its reply decoded by position (runs/delivery.py), and a
 pipeline of run_ack calls is packed from bytes kept per stream, its replies taken from
-the connection's hiredis reader in one loop. Connections come from the client's pool,
-as in store/pipeline.py. On a Cluster the worker uses the ordinary calls instead.
+the connection's hiredis reader in one loop. Connections come from the client's pool, as
+in store/pipeline.py, and are kept while the worker runs. On a Cluster the worker uses the
+ordinary calls instead.
 
 The Lua functions are the same ones `Outcomes` calls; an ack the server refuses because
 it lacks the library (a new or emptied server) goes through `Outcomes.ack_many`, which
@@ -52,6 +53,11 @@ class Wire:
         self.group = group
         self.consumer = consumer
         self._function = outcomes.store.scripts.run_ack.function.encode()
+        self.keep = False
+        """Keep connections between calls (while the worker runs), until `close`."""
+        self._held: list[Any] = []
+        """The connections taken from the pool (at most one per call in flight)."""
+        self._idle: list[Any] = []
         self._ack_bytes: dict[str, tuple[bytes, bytes]] = {}
         """Per stream: the bytes of a run_ack call before its entry id, and after its
         attempt."""
@@ -119,9 +125,10 @@ class Wire:
         return answers
 
     async def _exchange(self, packed: bytes, replies: int, block_ms: int | None) -> list[Any]:
-        """Send packed commands on a pooled connection and read their replies (error
-        replies are returned). A connection that failed halfway is closed, never reused."""
-        conn = await self.pool.get_connection()  # type: ignore[no-untyped-call]
+        """Send packed commands on a connection of this wire's and read their replies
+        (error replies are returned). A connection that failed halfway is closed: it
+        connects again on its next use."""
+        conn = self._idle.pop() if self._idle else await self._checkout()
         try:
             await conn.send_packed_command(packed, check_health=False)
             if block_ms is not None or replies == 1:
@@ -138,6 +145,24 @@ class Wire:
             await conn.disconnect()  # replies may be left unread
             raise
         finally:
+            if self.keep:
+                self._idle.append(conn)
+            else:
+                self._held.remove(conn)
+                await self.pool.release(conn)
+
+    async def _checkout(self) -> Any:
+        """One more connection from the pool, kept until `close` (taking one from the
+        pool and giving it back costs more than the calls it would carry)."""
+        conn = await self.pool.get_connection()  # type: ignore[no-untyped-call]
+        self._held.append(conn)
+        return conn
+
+    async def close(self) -> None:
+        """Give the connections back to the pool (and keep none from now on)."""
+        self.keep = False
+        held, self._held, self._idle = self._held, [], []
+        for conn in held:
             await self.pool.release(conn)
 
 

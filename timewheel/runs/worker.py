@@ -425,18 +425,18 @@ class Worker:
     def _hold(self, deliveries: Sequence[Delivery], now: float) -> None:
         """Keep the leases of runs just read (the lease keeper extends them)."""
         leases, default = self._leases, self._default_beat_s
-        earliest = self._next_beat
+        usual = (now + default, default)
+        earliest = min(self._next_beat, usual[0])
         for d in deliveries:
-            beat = (
-                default
-                if d.visibility_timeout_ms is None
-                else self._beat_s(d.visibility_timeout_ms)
-            )
+            lease = usual
+            if d.visibility_timeout_ms is not None:
+                beat = self._beat_s(d.visibility_timeout_ms)
+                lease = (now + beat, beat)
+                earliest = min(earliest, lease[0])
             entries = leases.get(d.stream)
             if entries is None:
                 entries = leases[d.stream] = {}
-            entries[d.entry_id] = (now + beat, beat)
-            earliest = min(earliest, now + beat)
+            entries[d.entry_id] = lease
         self._next_beat = earliest
         self._owned += len(deliveries)
 
@@ -628,8 +628,14 @@ class Worker:
                     stats.acked += 1
                 else:
                     stats.stale += 1
-        for d in batch:
-            self._release(d)
+        leases, released = self._leases, 0
+        for d in batch:  # _release, for a batch
+            entries = leases.get(d.stream)
+            if entries is not None and entries.pop(d.entry_id, None) is not None:
+                released += 1
+        self._owned -= released
+        if self._reader_waiting is not None and self._room() >= self._read_min:
+            self._wake_reader()
 
     async def _send_acks(self, batch: Sequence[Delivery]) -> list[bool]:
         if self._wire is not None:
@@ -739,22 +745,28 @@ class Worker:
             handler=self._failures.handler,
             runners="coroutines" if runners else "threads",
         )
+        if self._wire is not None:
+            self._wire.keep = True
         try:
             await reader
         finally:
             stopper.cancel()
-            await self._drain(runners)
-            keeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await keeper
-            self._acks = None
-            log.info(
-                "worker_stopped",
-                handled=self.handled,
-                failed=self.failed,
-                consumer=self.consumer,
-                seconds=round(time.monotonic() - started, 3),
-            )
+            try:
+                await self._drain(runners)
+            finally:
+                keeper.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await keeper
+                self._acks = None
+                if self._wire is not None:
+                    await self._wire.close()
+                log.info(
+                    "worker_stopped",
+                    handled=self.handled,
+                    failed=self.failed,
+                    consumer=self.consumer,
+                    seconds=round(time.monotonic() - started, 3),
+                )
         return self.handled
 
     async def _stop_when(self, stop: asyncio.Event) -> None:
