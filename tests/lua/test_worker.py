@@ -333,3 +333,29 @@ async def test_a_worker_makes_its_groups_again_when_its_streams_are_gone(fast: E
             stop.set()
             await asyncio.wait_for(task, 10)
     assert handled == [first.task_id, second.task_id]
+
+
+async def test_runs_read_while_heartbeats_go_out_keep_their_leases(fast: Engine) -> None:
+    """Long handlers whose runs arrive one by one, while the lease keeper is extending
+    other leases: every one keeps its lease (none is reaped, none runs twice)."""
+    vt = {"visibility_timeout_s": 0.6}
+    attempts: list[tuple[str, int]] = []
+
+    async def slow(d: Delivery) -> None:
+        attempts.append((d.run_id, d.attempt))
+        await asyncio.sleep(1.2)  # twice the visibility timeout
+
+    worker = Worker(fast.store, "acme", "default", concurrency=20)
+    stop = asyncio.Event()
+    async with running_scheduler(fast) as scheduler:
+        task = asyncio.create_task(worker.run(slow, stop))
+        try:
+            for _ in range(15):
+                await fast.tasks.create(NewTask(tenant="acme", delay_ms=0, options=vt))
+                await asyncio.sleep(0.07)
+            await _until(lambda: worker.handled == 15, 20, "runs not all handled")
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 10)
+        assert scheduler.counters.reaped == 0
+    assert len(attempts) == 15 and {a for _, a in attempts} == {1}

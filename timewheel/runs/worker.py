@@ -524,6 +524,11 @@ class Worker:
                 self._ended(stats, start, monotonic())
                 await self._record_failure(d, exc)
                 continue
+            except BaseException:  # SystemExit and the like: the process is going down
+                self._running -= 1
+                self._ended(stats, start, monotonic())
+                self._release(d)  # no more heartbeats: the reaper retries it
+                raise
             self._running -= 1
             self._ended(stats, start, monotonic())
             self._acks.add(d)  # type: ignore[union-attr]
@@ -662,29 +667,32 @@ class Worker:
                 self._offset_ms = clock.now_ms() - time.monotonic() * 1000.0
             if now < self._next_beat:
                 continue
-            earliest = float("inf")
+            # Runs held while this pass awaits lower _next_beat themselves (_hold).
+            self._next_beat = float("inf")
             for stream, entries in list(self._leases.items()):
                 due: list[Any] = [eid for eid, (beat, _) in entries.items() if beat <= now]
                 for eid in due:
                     interval = entries[eid][1]
                     entries[eid] = (now + interval, interval)
                 if entries:
-                    earliest = min(earliest, min(beat for beat, _ in entries.values()))
+                    earliest = min(beat for beat, _ in entries.values())
+                    self._next_beat = min(self._next_beat, earliest)
                 if not due:
                     continue
                 try:
                     await client.xclaim(stream, self.group, self.consumer, 0, due, justid=True)
                 except (RedisError, OSError) as exc:
                     log.warning("heartbeat_failed", stream=stream, error=str(exc))
-            self._next_beat = earliest
 
     # -- run -----------------------------------------------------------------------------
 
     def _gauges(self) -> dict[str, float]:
         acks = self._acks
+        # Handler threads keep no count: a free thread takes the next run at once.
+        running = min(self._outstanding, self.concurrency) if self._threads else self._running
         return {
-            "timewheel_worker_running_handlers": self._running,
-            "timewheel_worker_read_ahead_runs": max(0, self._outstanding - self._running),
+            "timewheel_worker_running_handlers": running,
+            "timewheel_worker_read_ahead_runs": max(0, self._outstanding - running),
             "timewheel_worker_unacked_runs": 0 if acks is None else acks.waiting + acks.sending,
             "timewheel_worker_concurrency": self.concurrency,
             "timewheel_clock_offset_seconds": self.store.clock.skew_ms / 1000.0,
