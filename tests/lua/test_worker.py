@@ -359,3 +359,20 @@ async def test_runs_read_while_heartbeats_go_out_keep_their_leases(fast: Engine)
             await asyncio.wait_for(task, 10)
         assert scheduler.counters.reaped == 0
     assert len(attempts) == 15 and {a for _, a in attempts} == {1}
+
+
+async def test_the_read_ahead_grows_for_fast_handlers_within_its_bound(fast: Engine) -> None:
+    """Handlers that finish faster than reads come back let the worker read more at once,
+    up to four times its prefetch, and never hold more than that."""
+    await prime(fast)
+    await _dispatched(fast, "acme", "default", 2000)
+    most = 0
+
+    async def quick(d: Delivery) -> None:
+        nonlocal most
+        most = max(most, worker._outstanding)
+
+    worker = Worker(fast.store, "acme", "default", concurrency=4, prefetch=4)
+    await work_until(worker, quick, lambda: worker.handled == 2000, 30)
+    assert worker._prefetch_now == 16
+    assert most <= 4 + 16

@@ -172,6 +172,7 @@ _GAUGE_HELP = {
     "timewheel_worker_read_ahead_runs": "Runs read and waiting for a free handler slot.",
     "timewheel_worker_unacked_runs": "Runs handled whose ack is not recorded yet.",
     "timewheel_worker_concurrency": "Handlers this process runs at once at most.",
+    "timewheel_worker_prefetch": "Runs it may read ahead beyond free handler slots, now.",
     "timewheel_clock_offset_seconds": "Redis's clock minus this node's wall clock, at the "
     "last reply carrying it (reported only).",
 }

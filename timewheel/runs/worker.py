@@ -76,6 +76,8 @@ LEASE_TICK_S = 0.05
 CLOCK_CHECK_S = 1.0
 """How often the lease keeper looks at the clock estimate (it reads TIME when the
 estimate is older than store/clock.py's SYNC_EVERY_S)."""
+PREFETCH_GROWTH = 4
+"""While handlers outpace the reads, the read-ahead grows up to this times `prefetch`."""
 UNACKED_BOUND = 1024
 """Runs handled whose outcome is not yet recorded, past which the reader waits (Redis
 slower at recording than the handlers at handling)."""
@@ -139,10 +141,11 @@ class Worker:
         self.consumer = consumer or f"{socket.gethostname()}-{os.getpid()}"
         self.concurrency = max(1, concurrency)
         self.prefetch = max(0, self.concurrency if prefetch is None else prefetch)
-        self._capacity = self.concurrency + self.prefetch
-        self._held_bound = self._capacity + UNACKED_BOUND
-        self._read_min = max(1, self._capacity // 4)
-        """The reader waits until this many runs may be read (or nothing is in flight)."""
+        self._prefetch_now = self.prefetch
+        """The read-ahead now: from `prefetch` up to PREFETCH_GROWTH times it (_adapt)."""
+        self._last_full = self._last_full_before = False
+        """Whether the last read came back with all it asked for (and the one before)."""
+        self._set_capacity()
         self.metrics = metrics or WorkerMetrics()
         self.metrics.gauges = self._gauges
         self._pairs: list[_Pair] = []
@@ -372,6 +375,34 @@ class Worker:
             return [d for _, _, ds in got for d in ds]
         return [d for row in itertools.zip_longest(*(ds for _, _, ds in got)) for d in row if d]
 
+    def _set_capacity(self) -> None:
+        self._capacity = self.concurrency + self._prefetch_now
+        self._held_bound = self._capacity + UNACKED_BOUND
+        self._read_min = max(1, self._capacity // 4)
+        """The reader waits until this many runs may be read (or nothing is in flight)."""
+
+    def _adapt(self, asked: int, got: int) -> None:
+        """Size the read-ahead from what a read found when it came back.
+
+        Two reads in a row that came back full, the second finding handler slots idle:
+        the handlers finished the first read's runs before the second arrived, so read
+        more at once (fewer, larger reads are cheaper for Redis, which fsyncs once per
+        pass of its event loop). Runs read ahead still waiting for a slot: read less,
+        down to `prefetch`. Handlers that keep their slots busy never grow it."""
+        full, self._last_full = got >= asked, got >= asked
+        if not self.prefetch:
+            return
+        running = min(self._outstanding, self.concurrency) if self._threads else self._running
+        waiting = self._outstanding - running
+        now = self._prefetch_now
+        if full and self._last_full_before and self._outstanding < self.concurrency:
+            now = min(now * 2, self.prefetch * PREFETCH_GROWTH)
+        elif 2 * waiting >= now:
+            now = max(self.prefetch, now // 2)
+        if now != self._prefetch_now:
+            self._prefetch_now = now
+            self._set_capacity()
+
     def _room(self) -> int:
         """Runs the reader may read now: free handler slots plus the prefetch, within the
         bound on runs held (read and not yet recorded)."""
@@ -389,6 +420,7 @@ class Worker:
             else:
                 plan = self._plan(room)
             block = READ_BLOCK_MS if not found else None
+            self._last_full_before = self._last_full
             try:
                 if not self._groups_ready:
                     await self.ensure_groups()
@@ -401,6 +433,7 @@ class Worker:
                     await asyncio.wait_for(stop.wait(), 0.5)
                 continue
             self._learn(plan, got)
+            self._adapt(room, sum(len(ds) for _, _, ds in got))
             if got:
                 self._accept(self._interleave(got))
             elif not found and self.store.is_cluster and len(self.streams) > 1:
@@ -710,6 +743,7 @@ class Worker:
             "timewheel_worker_read_ahead_runs": max(0, self._outstanding - running),
             "timewheel_worker_unacked_runs": 0 if acks is None else acks.waiting + acks.sending,
             "timewheel_worker_concurrency": self.concurrency,
+            "timewheel_worker_prefetch": self._prefetch_now,
             "timewheel_clock_offset_seconds": self.store.clock.skew_ms / 1000.0,
         }
 
