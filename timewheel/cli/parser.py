@@ -57,8 +57,9 @@ def add_executor_args(p: argparse.ArgumentParser) -> None:
         "--prefetch",
         type=int,
         metavar="N",
-        help="runs read ahead beyond the free handler slots, per process "
-        "(default: as many as --concurrency)",
+        help="runs read ahead beyond the free handler slots, per process (default: as "
+        "many as --concurrency); up to 4 times this while handlers finish faster than "
+        "reads come back",
     )
     p.add_argument(
         "--processes",
