@@ -202,6 +202,22 @@ async def redis_counters(client: aioredis.Redis) -> dict[str, float]:
     }
 
 
+async def command_usec(client: aioredis.Redis) -> dict[str, float]:
+    """Microseconds Redis spent in each command so far (INFO commandstats)."""
+    stats: dict[str, Any] = await client.info("commandstats")
+    return {k.removeprefix("cmdstat_"): float(v["usec"]) for k, v in stats.items()}
+
+
+def command_share(before: dict[str, float], after: dict[str, float], runs: int) -> dict[str, float]:
+    """Redis's microseconds per run in each command that took at least 0.1 of them."""
+    out = {}
+    for name, usec in after.items():
+        per_run_us = (usec - before.get(name, 0.0)) / runs
+        if per_run_us >= 0.1:
+            out[name] = round(per_run_us, 1)
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
 def per_run(before: dict[str, float], after: dict[str, float], runs: int) -> dict[str, float]:
     return {
         "redis_user_us_per_run": round((after["user_s"] - before["user_s"]) / runs * 1e6, 1),
@@ -244,10 +260,10 @@ async def herd(url: str, work: Path, runs: int, processes: int) -> dict[str, Any
             raise RuntimeError("the load ended after T0: raise the lead")
         await asyncio.sleep(max(0.0, (t0 - 100 - await server_ms(client)) / 1000))
         cpu0, redis0 = worker.cpu_s(), await redis_cpu_s(client)
-        counters0 = await redis_counters(client)
+        counters0, usec0 = await redis_counters(client), await command_usec(client)
         cpu1 = await wait_handled(worker, client, engine, runs, 120)
         redis1 = await redis_cpu_s(client)
-        counters1 = await redis_counters(client)
+        counters1, usec1 = await redis_counters(client), await command_usec(client)
     finally:
         worker.stop()
         sched.terminate()
@@ -268,6 +284,7 @@ async def herd(url: str, work: Path, runs: int, processes: int) -> dict[str, Any
         "worker_cpu_us_per_run": round((cpu1 - cpu0) / runs * 1e6, 1),
         "redis_cpu_us_per_run": round((redis1 - redis0) / runs * 1e6, 1),
         **per_run(counters0, counters1, runs),
+        "redis_command_us_per_run": command_share(usec0, usec1, runs),
         "target_last_start_ms": target,
         "met": last is not None and target is not None and last <= target,
     }
@@ -398,9 +415,11 @@ async def drain_backlog(url: str, work: Path, runs: int) -> dict[str, Any]:
     try:
         await worker.wait_started()
         cpu0, redis0 = worker.cpu_s(), await redis_cpu_s(client)
+        usec0 = await command_usec(client)
         cpu1 = await wait_handled(worker, client, engine, runs, 300)
         ended_ms = time.time() * 1000
         redis1 = await redis_cpu_s(client)
+        usec1 = await command_usec(client)
     finally:
         worker.stop()
         await engine.close()
@@ -414,6 +433,7 @@ async def drain_backlog(url: str, work: Path, runs: int) -> dict[str, Any]:
         "runs_per_s": round(runs / seconds),
         "worker_cpu_us_per_run": round((cpu1 - cpu0) / runs * 1e6, 1),
         "redis_cpu_us_per_run": round((redis1 - redis0) / runs * 1e6, 1),
+        "redis_command_us_per_run": command_share(usec0, usec1, runs),
     }
 
 
