@@ -7,8 +7,6 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
-import importlib
-import os
 import signal
 import sys
 from collections.abc import Coroutine, Sequence
@@ -20,6 +18,7 @@ from redis.exceptions import RedisError
 
 from timewheel.cli.audit import run_audit
 from timewheel.cli.client import CLIENT_COMMANDS, run_client_command
+from timewheel.cli.executors import run_executor, run_fast
 from timewheel.cli.parser import build_parser, http_options
 from timewheel.cli.serve import serve
 from timewheel.config import Settings
@@ -32,63 +31,11 @@ from timewheel.errors import (
     ValidationError,
 )
 from timewheel.logs import configure
-from timewheel.runs.webhook import WebhookExecutor
-from timewheel.runs.worker import Handler, Worker
 from timewheel.store import deployment
 from timewheel.store.library import OPERATIONS, Library, ScriptCode, function_name, header_codes
 from timewheel.tenants import Limits, TenantStore, new_key
 
 log = structlog.get_logger("timewheel")
-
-
-def load_handler(spec: str) -> Handler:
-    """The function named by 'package.module:function'."""
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise ConfigError(f"--app {spec!r} must look like package.module:function")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError(f"--app {spec!r}: cannot import {module_name!r}: {exc}") from exc
-    handler = getattr(module, attr, None)
-    if not callable(handler):
-        raise ConfigError(f"--app {spec!r}: {attr!r} is not a function of {module_name}")
-    return handler  # type: ignore[no-any-return]
-
-
-async def _run_executor(args: argparse.Namespace) -> None:
-    engine = await Engine.connect(_settings(args))
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        if args.command == "worker":
-            worker = Worker(
-                engine.store,
-                args.tenant,
-                args.queue,
-                group=args.group,
-                concurrency=args.concurrency,
-            )
-            await worker.run(load_handler(args.app), stop)
-        else:
-            hook = WebhookExecutor(
-                engine.store,
-                args.tenant,
-                args.queue,
-                url=args.url,
-                allow_hosts=args.allow_host,
-                timeout_s=args.timeout_s,
-                concurrency=args.concurrency,
-                group=args.group,
-            )
-            try:
-                await hook.worker.run(hook.deliver, stop)
-            finally:
-                await hook.aclose()
-    finally:
-        await engine.close()
 
 
 def _settings(args: argparse.Namespace, redis_url: str | None = None) -> Settings:
@@ -269,13 +216,7 @@ def _run_fast(main: Coroutine[Any, Any, None]) -> None:
     """Run on uvloop when it is installed (uvicorn[standard] brings it): the API serves
     about twice the requests per core. uvicorn runs inside our loop, so its own `loop`
     setting would not apply."""
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvicorn[standard] installs it
-        asyncio.run(main)
-        return
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        runner.run(main)
+    run_fast(main)
 
 
 def _dispatch(args: argparse.Namespace) -> int:
@@ -287,9 +228,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     elif args.command == "scheduler":
         asyncio.run(_run(args, api=False, scheduler=True))
     elif args.command in ("worker", "webhook"):
-        if args.command == "worker":
-            sys.path.insert(0, os.getcwd())  # --app modules are found from where you are
-        asyncio.run(_run_executor(args))
+        return run_executor(args, run_fast)
     elif args.command in _ARCHIVE_COMMANDS:
         asyncio.run(_ARCHIVE_COMMANDS[args.command](args))
     elif args.command == "audit":

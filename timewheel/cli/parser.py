@@ -38,10 +38,45 @@ def add_unsafe(p: argparse.ArgumentParser) -> None:
 
 
 def add_executor_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--tenant", required=True)
-    p.add_argument("--queue", default="default")
+    p.add_argument(
+        "--tenant",
+        action="append",
+        required=True,
+        help="a tenant to serve; repeat it to serve several.",
+    )
+    p.add_argument(
+        "--queue",
+        action="append",
+        help="a queue to serve of every tenant given; repeat it for several (default: default).",
+    )
     p.add_argument("--group", default="timewheel", help="consumer group (default timewheel)")
-    p.add_argument("--concurrency", type=int, default=10)
+    p.add_argument(
+        "--concurrency", type=int, default=10, help="handlers at once, per process (default 10)"
+    )
+    p.add_argument(
+        "--prefetch",
+        type=int,
+        metavar="N",
+        help="runs read ahead beyond the free handler slots, per process (default: as "
+        "many as --concurrency); up to 4 times this while handlers finish faster than "
+        "reads come back",
+    )
+    p.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        metavar="N",
+        help="consumer processes, each its own consumer of the group, supervised by this "
+        "one (default 1)",
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="PORT",
+        help="serve Prometheus metrics on this port (with --processes N: this port and "
+        "the N-1 after it, one per process)",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address of the metrics server")
     add_common(p)
 
 

@@ -16,7 +16,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from timewheel.errors import RedisUnavailable
 from timewheel.runs.delivery import Delivery
-from timewheel.store.library import check
+from timewheel.store.library import ScriptArg, check
 from timewheel.store.shard import Call, Store, clock_arg
 
 MAX_ERROR_CHARS = 2000
@@ -45,6 +45,11 @@ def _acked(run_id: str) -> Any:
     return decode
 
 
+def _ack_answer(reply: list[Any]) -> bool:
+    """An ack's answer in a batch: a run whose record is gone (purged) is not acknowledged."""
+    return int(reply[0]) == ACKED
+
+
 def _failed(run_id: str) -> Any:
     def decode(reply: list[Any]) -> FailResult:
         check(reply, run_id=run_id, action="fail")
@@ -63,6 +68,8 @@ class Outcomes:
 
     def __init__(self, store: Store):
         self.store = store
+        self._ack_parts: dict[str, tuple[list[str], list[ScriptArg]]] = {}
+        """Per stream: an ack's KEYS and its trailing ARGV (the same for every ack)."""
 
     def ack_call(self, delivery: Delivery, group: str, now_ms: int | None = None) -> Call[bool]:
         k = self.store.keys
@@ -84,12 +91,30 @@ class Outcomes:
         """Acknowledge a delivery: XACK + XDEL, state -> succeeded. False if it was stale."""
         return await self.store.run(self.ack_call(delivery, group, now_ms))
 
+    def ack_parts(self, stream: str) -> tuple[list[str], list[ScriptArg]]:
+        """An ack's KEYS and its trailing ARGV on a stream: the same for every ack there."""
+        parts = self._ack_parts.get(stream)
+        if parts is None:
+            k = self.store.keys
+            shard = k.shard_of_key(stream)
+            parts = ([stream, k.events(shard)], self.store.shared(shard, None))
+            self._ack_parts[stream] = parts
+        return parts
+
     async def ack_many(self, deliveries: Sequence[Delivery], group: str) -> list[bool]:
         """Acknowledge many deliveries in one pipeline; each answer as `ack` gives it.
 
-        A run whose record is gone (purged) counts as not acknowledged (False).
+        A run whose record is gone (purged) counts as not acknowledged (False). The calls
+        are the ones `ack_call` builds, their KEYS and trailing ARGV kept per stream (a
+        worker acks tens of thousands of runs a second).
         """
-        replies = await self.store.send([self.ack_call(d, group) for d in deliveries])
+        script, parts = self.store.scripts.run_ack, self.ack_parts
+        calls: list[Call[bool]] = []
+        for d in deliveries:
+            keys, tail = parts(d.stream)
+            args: list[ScriptArg] = [group, d.entry_id, d.run_id, d.attempt, *tail]
+            calls.append(Call(script, keys, args, _ack_answer))
+        replies = await self.store.send(calls)
         return [int(r[0]) == ACKED for r in replies]
 
     async def fail(

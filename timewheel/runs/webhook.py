@@ -11,13 +11,14 @@ from __future__ import annotations
 import email.utils
 import json
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from urllib.parse import urlsplit
 
 import httpx
 
 from timewheel.errors import ConfigError, PermanentError
 from timewheel.runs.delivery import Delivery
+from timewheel.runs.metrics import WorkerMetrics
 from timewheel.runs.signals import Retry
 from timewheel.runs.worker import DEFAULT_GROUP, Worker
 from timewheel.store.shard import Store
@@ -56,19 +57,23 @@ def retry_after_s(
 
 
 class WebhookExecutor:
-    """Delivers a (tenant, queue) to HTTP endpoints."""
+    """Delivers (tenant, queue) pairs to HTTP endpoints: `tenant` and `queue`, or `pairs`
+    (or both), as a Worker takes them."""
 
     def __init__(
         self,
         store: Store,
-        tenant: str,
-        queue: str,
+        tenant: str | None = None,
+        queue: str = "default",
         *,
+        pairs: Iterable[tuple[str, str]] = (),
         url: str | None = None,
         allow_hosts: Collection[str] = (),
         timeout_s: float = 10.0,
         concurrency: int = 10,
+        prefetch: int | None = None,
         group: str = DEFAULT_GROUP,
+        metrics: WorkerMetrics | None = None,
     ) -> None:
         if url is None and not allow_hosts:
             raise ConfigError("give --url, or --allow-host for URLs taken from payloads")
@@ -77,8 +82,20 @@ class WebhookExecutor:
         self.url = url
         self.allow_hosts = {h.lower() for h in allow_hosts}
         self.timeout_s = timeout_s
-        self.worker = Worker(store, tenant, queue, group=group, concurrency=concurrency)
-        self.http = httpx.AsyncClient(timeout=timeout_s, follow_redirects=False)
+        self.worker = Worker(
+            store,
+            tenant,
+            queue,
+            pairs=pairs,
+            group=group,
+            concurrency=concurrency,
+            prefetch=prefetch,
+            metrics=metrics,
+        )
+        # As many connections as requests in flight: a pool smaller than the concurrency
+        # would queue requests inside the client, not at the receiver.
+        limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+        self.http = httpx.AsyncClient(timeout=timeout_s, follow_redirects=False, limits=limits)
 
     async def aclose(self) -> None:
         await self.http.aclose()

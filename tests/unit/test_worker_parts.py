@@ -1,0 +1,221 @@
+"""The worker's parts that need no server: envelope decoding, the ack batcher, the read
+plan across pairs, the failure log's rate limit, and the metrics' exposition."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import pytest
+import redis.asyncio as aioredis
+import structlog
+from prometheus_client import generate_latest
+
+from timewheel.config import Settings
+from timewheel.errors import RedisUnavailable, TimewheelError
+from timewheel.runs.acks import AckBatcher
+from timewheel.runs.delivery import Delivery, parse_entry, parse_fields
+from timewheel.runs.failures import FailureLog, handler_name
+from timewheel.runs.metrics import WorkerMetrics
+from timewheel.runs.signals import Retry
+from timewheel.runs.worker import Worker
+from timewheel.store.shard import Store
+
+BASE = [
+    b"run_id",
+    b"01f0abc",
+    b"task_id",
+    b"01f0abc",
+    b"tenant",
+    b"acme",
+    b"queue",
+    b"jobs",
+    b"attempt",
+    b"2",
+    b"due_ms",
+    b"1800000000000",
+    b"dispatched_ms",
+    b"1800000000012",
+    b"payload",
+    b'{"n":1}',
+]
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        [],
+        [b"schedule_id", b"01fsched"],
+        [b"visibility_timeout_ms", b"600"],
+        [b"schedule_id", b"01fsched", b"visibility_timeout_ms", b"600"],
+    ],
+)
+def test_fields_by_position_match_fields_by_name(extra: list[bytes]) -> None:
+    fields = BASE + extra
+    by_name = parse_entry("s", b"1-0", dict(zip(fields[::2], fields[1::2], strict=True)))
+    assert parse_fields("s", b"1-0", fields) == by_name
+    assert by_name.attempt == 2 and by_name.due_ms == 1_800_000_000_000
+    assert by_name.schedule_id == ((b"01fsched" in extra and "01fsched") or None)
+    assert by_name.visibility_timeout_ms == (600 if b"600" in extra else None)
+
+
+def test_fields_in_another_order_are_read_by_name() -> None:
+    pairs = list(zip(BASE[::2], BASE[1::2], strict=True))[::-1]
+    fields = [x for pair in pairs for x in pair]
+    assert parse_fields("s", b"1-0", fields) == parse_fields("s", b"1-0", BASE)
+
+
+def _delivery(n: int) -> Delivery:
+    return Delivery("s", f"{n}-0", f"r{n}", f"r{n}", None, "acme", "jobs", 1, 0, 0, "{}")
+
+
+async def test_acks_go_by_size_by_delay_and_within_the_pipelines_allowed() -> None:
+    sent: list[list[str]] = []
+    done: list[tuple[list[str], list[bool] | None]] = []
+    release = asyncio.Event()
+
+    async def send(batch: Sequence[Delivery]) -> list[bool]:
+        sent.append([d.run_id for d in batch])
+        await release.wait()
+        return [True] * len(batch)
+
+    def finished(
+        batch: Sequence[Delivery], answers: list[bool] | None, error: TimewheelError | None
+    ) -> None:
+        done.append(([d.run_id for d in batch], answers))
+
+    acks = AckBatcher(send, finished, batch=3, delay_s=0.05, max_in_flight=2)
+    for n in range(3):
+        acks.add(_delivery(n))
+    await asyncio.sleep(0)
+    assert sent == [["r0", "r1", "r2"]]  # a full batch goes at once
+    acks.add(_delivery(3))
+    await asyncio.sleep(0.01)
+    assert len(sent) == 1  # one waits for the delay
+    await asyncio.sleep(0.08)
+    assert sent[1] == ["r3"]
+    for n in range(4, 10):
+        acks.add(_delivery(n))
+    await asyncio.sleep(0.01)
+    assert len(sent) == 2 and acks.waiting == 6  # two pipelines out: the rest waits
+    release.set()
+    await acks.close()
+    assert [run for batch in sent for run in batch] == [f"r{n}" for n in range(10)]
+    assert max(len(batch) for batch in sent) == 3
+    assert sorted(run for batch, _ in done for run in batch) == sorted(f"r{n}" for n in range(10))
+    assert all(answers is not None for _, answers in done)
+
+
+async def test_a_failed_ack_pipeline_is_sent_again_then_reported() -> None:
+    calls = 0
+    done: list[tuple[list[bool] | None, TimewheelError | None]] = []
+
+    async def flaky(batch: Sequence[Delivery]) -> list[bool]:
+        nonlocal calls
+        calls += 1
+        if calls < 3:
+            raise RedisUnavailable("connection reset")
+        return [False] * len(batch)
+
+    def finished(
+        batch: Sequence[Delivery], answers: list[bool] | None, error: TimewheelError | None
+    ) -> None:
+        done.append((answers, error))
+
+    acks = AckBatcher(flaky, finished, batch=2, retry_pauses_s=(0.01, 0.01))
+    acks.add(_delivery(1))
+    acks.add(_delivery(2))
+    await acks.close()
+    assert calls == 3 and done == [([False, False], None)]
+
+    async def down(batch: Sequence[Delivery]) -> list[bool]:
+        raise RedisUnavailable("down")
+
+    done.clear()
+    acks = AckBatcher(down, finished, batch=1, retry_pauses_s=(0.01,))
+    acks.add(_delivery(1))
+    await acks.close()
+    [(answers, error)] = done
+    assert answers is None and isinstance(error, RedisUnavailable)
+
+
+def _worker(pairs: list[tuple[str, str]], spread: int = 1) -> Worker:
+    settings = Settings(prefix="u", shards=16, default_spread=spread)
+    return Worker(Store(aioredis.Redis(), settings), pairs=pairs, concurrency=8, prefetch=8)
+
+
+def test_one_pair_shares_the_room_between_its_streams() -> None:
+    worker = _worker([("acme", "jobs")], spread=4)
+    [(count, streams)] = worker._plan(16)
+    assert (count, len(streams)) == (4, 4)
+    [(count, _)] = worker._plan(5)
+    assert count == 2  # rounded up: a read brings at most one run per stream more
+
+
+def test_busy_pairs_share_the_room_and_idle_ones_are_probed_in_turn() -> None:
+    worker = _worker([(f"t{i:02d}", "q") for i in range(20)])
+    assert dict(worker._plan(40)) == {2: worker.streams}  # nothing known: all share
+    for i, pair in enumerate(worker._pairs):
+        pair.busy = i < 2
+    busy = {worker._pairs[0].streams[0], worker._pairs[1].streams[0]}
+    seen: set[str] = set()
+    for _ in range(4):
+        plan = worker._plan(12)
+        probed = [s for count, streams in plan if count == 1 for s in streams if s not in busy]
+        assert len(probed) <= 6  # within half the room
+        shares = {s: count for count, streams in plan for s in streams if s in busy}
+        assert shares and set(shares.values()) == {3}  # the other half, split equally
+        seen.update(probed)
+    assert seen == {p.streams[0] for p in worker._pairs[2:]}  # every idle pair in turn
+
+
+def test_the_failure_log_keeps_to_its_rate() -> None:
+    now = [0.0]
+    failures = FailureLog("app:handler", per_s=5, clock=lambda: now[0])
+    d = _delivery(1)
+    with structlog.testing.capture_logs() as logs:
+        logged = [failures.failed(d, ValueError("x"), "dead") for _ in range(20)]
+        assert logged.count(True) == 5
+        now[0] = 0.5  # 2.5 tokens back
+        logged = [failures.failed(d, Retry(1.0, "busy"), "retry") for _ in range(5)]
+        assert logged.count(True) == 2
+    assert failures.suppressed_total == 18
+    assert [e["log_level"] for e in logs] == ["error"] * 5 + ["warning"] * 2
+    assert logs[5]["suppressed"] == 15  # the lines left out before it
+    assert "exception" in logs[0] and "exception" not in logs[5]  # Retry: no stack
+    assert logs[0]["handler"] == "app:handler"
+
+
+def test_handler_names() -> None:
+    import functools
+
+    def plain(d: Delivery) -> None:
+        return None
+
+    class Callable:
+        def __call__(self, d: Delivery) -> None:
+            return None
+
+    assert handler_name(plain).endswith("test_handler_names.<locals>.plain")
+    assert handler_name(functools.partial(plain)) == handler_name(plain)
+    assert handler_name(Callable()).endswith("Callable")
+
+
+def test_metrics_exposition() -> None:
+    metrics = WorkerMetrics()
+    stats = metrics.pair("acme", "jobs")
+    stats.acked += 3
+    stats.duration.observe(0.001)  # on a bound: counted in its bucket (le)
+    stats.duration.observe(0.2)
+    stats.lag.observe(0.03)
+    metrics.gauges = lambda: {"timewheel_worker_running_handlers": 2}
+    text = generate_latest(metrics.registry).decode()
+    labels = 'queue="jobs",tenant="acme"'
+    assert f"timewheel_worker_acked_runs_total{{{labels}}} 3.0" in text
+    assert f'timewheel_worker_handler_duration_seconds_bucket{{le="0.001",{labels}}} 1.0' in text
+    assert f'timewheel_worker_handler_duration_seconds_bucket{{le="0.25",{labels}}} 2.0' in text
+    assert f"timewheel_worker_handler_duration_seconds_count{{{labels}}} 2.0" in text
+    assert f'timewheel_worker_start_lag_seconds_bucket{{le="0.025",{labels}}} 0.0' in text
+    assert f'timewheel_worker_start_lag_seconds_bucket{{le="0.05",{labels}}} 1.0' in text
+    assert "timewheel_worker_running_handlers 2.0" in text
+    assert WorkerMetrics().registry is not metrics.registry  # no global state
