@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import structlog
 
+from timewheel.config import Settings
 from timewheel.dispatch.leases import Leases, share_of
 from timewheel.dispatch.metrics import SchedulerMetrics
 from timewheel.errors import TimewheelError
@@ -30,6 +31,15 @@ class ShardState:
     next_plan_ms: float = 0.0
     last_consumed: int = 0
     """Near entries the shard's last tick took: what its next tick is expected to take."""
+
+    def cap(self, now: float, settings: Settings, expire_every_ms: float) -> None:
+        """No timer further out than its own interval: one set while the clock estimate
+        was off (or a next due time far ahead) comes back within that interval."""
+        self.next_tick_ms = min(self.next_tick_ms, now + settings.sweep_ms)
+        self.next_promote_ms = min(self.next_promote_ms, now + settings.horizon_ms)
+        self.next_plan_ms = min(self.next_plan_ms, now + settings.plan_interval_ms * 1.25)
+        self.next_reap_ms = min(self.next_reap_ms, now + settings.reap_interval_ms)
+        self.next_expire_ms = min(self.next_expire_ms, now + expire_every_ms)
 
 
 class Ownership:

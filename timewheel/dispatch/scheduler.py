@@ -87,20 +87,9 @@ class Scheduler:
         return self.clock.now_ms()
 
     def _cap_timers(self, now: float) -> None:
-        """No timer further out than its interval: a timer set while the clock estimate
-        was off (or a next due time far ahead) comes back within one interval."""
-        s = self.settings
-        tick_cap = now + s.sweep_ms
-        promote_cap = now + s.horizon_ms
-        plan_cap = now + s.plan_interval_ms * 1.25
-        reap_cap = now + s.reap_interval_ms
-        expire_cap = now + EXPIRE_EVERY_MS
+        """No timer further out than its interval (ShardState.cap)."""
         for st in self.state.values():
-            st.next_tick_ms = min(st.next_tick_ms, tick_cap)
-            st.next_promote_ms = min(st.next_promote_ms, promote_cap)
-            st.next_plan_ms = min(st.next_plan_ms, plan_cap)
-            st.next_reap_ms = min(st.next_reap_ms, reap_cap)
-            st.next_expire_ms = min(st.next_expire_ms, expire_cap)
+            st.cap(now, self.settings, EXPIRE_EVERY_MS)
 
     async def run_once(self) -> int:
         """Promote, tick and expire every owned shard that is due now; returns runs
