@@ -252,43 +252,45 @@ async def restore(
     began = time.monotonic()
     steps = progress or _Quiet()
     cutoff_ms = int(time.time() * 1000) - settings.retention_ms
-    async with pg.connection(settings.postgres_dsn) as conn:
-        snapshot = await _newest_snapshot(conn, settings)
-        archived = await tenancy.load(conn)
-        steps.begin(settings.shards + 2)
-        if dry_run:
-            steps.step("tenants", tenants=len(archived.tenants), keys=len(archived.keys))
-            shards = []
-            for shard in range(settings.shards):
-                plan = await _plan_shard(conn, snapshot, shard, cutoff_ms)
-                shards.append(plan.summary(shard))
-                steps.step(f"shard {shard}", **_counts(shards[-1]))
-            schedules = await _schedule_count(conn)
-            steps.step("schedules", schedules=schedules)
-        else:
-            client = await connect(settings.redis_url)
-            store = Store(client, settings)
-            try:
-                keys = await _key_count(client)
-                if keys and not force:
-                    raise RestoreRefused(
-                        f"Redis at {settings.redis_url} is not empty ({keys} keys); restore "
-                        "writes into an empty Redis only (pass --force to add the snapshot's "
-                        "runs to it, leaving runs already there untouched)"
-                    )
-                await deployment.ensure_layout(client, settings)
-                await tenancy.write_back(client, store.keys, archived)
-                await _open_tenant_log(store, conn)
+    try:
+        async with pg.connection(settings.postgres_dsn) as conn:
+            snapshot = await _newest_snapshot(conn, settings)
+            archived = await tenancy.load(conn)
+            steps.begin(settings.shards + 2)
+            if dry_run:
                 steps.step("tenants", tenants=len(archived.tenants), keys=len(archived.keys))
                 shards = []
                 for shard in range(settings.shards):
-                    shards.append(await _restore_shard(store, conn, snapshot, shard, cutoff_ms))
+                    plan = await _plan_shard(conn, snapshot, shard, cutoff_ms)
+                    shards.append(plan.summary(shard))
                     steps.step(f"shard {shard}", **_counts(shards[-1]))
-                schedules = await write_schedule_hashes(store, conn, snapshot)
+                schedules = await _schedule_count(conn)
                 steps.step("schedules", schedules=schedules)
-            finally:
-                await store.close()
-    steps.end()
+            else:
+                client = await connect(settings.redis_url)
+                store = Store(client, settings)
+                try:
+                    keys = await _key_count(client)
+                    if keys and not force:
+                        raise RestoreRefused(
+                            f"Redis at {settings.redis_url} is not empty ({keys} keys); restore "
+                            "writes into an empty Redis only (pass --force to add the snapshot's "
+                            "runs to it, leaving runs already there untouched)"
+                        )
+                    await deployment.ensure_layout(client, settings)
+                    await tenancy.write_back(client, store.keys, archived)
+                    await _open_tenant_log(store, conn)
+                    steps.step("tenants", tenants=len(archived.tenants), keys=len(archived.keys))
+                    shards = []
+                    for shard in range(settings.shards):
+                        shards.append(await _restore_shard(store, conn, snapshot, shard, cutoff_ms))
+                        steps.step(f"shard {shard}", **_counts(shards[-1]))
+                    schedules = await write_schedule_hashes(store, conn, snapshot)
+                    steps.step("schedules", schedules=schedules)
+                finally:
+                    await store.close()
+    finally:
+        steps.end()
     result = RestoreResult(
         snapshot,
         restored=sum(s.pending for s in shards),
