@@ -14,61 +14,33 @@ import asyncio
 import shutil
 import subprocess
 import sys
-import threading
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import httpx
 import pytest
 
 from timewheel.config import Settings
 from timewheel.engine import Engine
-from timewheel.store.server import RedisServer, find_free_port
+from timewheel.store.server import RedisServer
 from timewheel.testing.apiserver import ApiServer, start_api
 from timewheel.testing.archive import archive_all
 from timewheel.testing.nodes import settings_env
 from timewheel.testing.redis_cluster import RedisClusterServers
+from timewheel.testing.webhooks import webhook_receiver
 
 CLI = [sys.executable, "-m", "timewheel.cli"]
 FINAL = ("succeeded", "dead", "cancelled")
 
 
-class _Receiver(BaseHTTPRequestHandler):
-    """The webhook executor's target: notes each POST's Idempotency-Key (the run id)."""
-
-    keys: ClassVar[list[str]] = []
-    lock: ClassVar[threading.Lock] = threading.Lock()
-
-    def do_POST(self) -> None:
-        self.rfile.read(int(self.headers.get("content-length", "0")))
-        with self.lock:
-            self.keys.append(self.headers.get("idempotency-key", ""))
-        self.send_response(200)
-        self.send_header("content-length", "0")
-        self.end_headers()
-
-    def log_message(self, format: str, *args: Any) -> None:
-        del format, args
-
-
 @pytest.fixture
 def receiver() -> Iterator[tuple[str, list[str]]]:
-    class Handler(_Receiver):
-        keys: ClassVar[list[str]] = []
-
-    server = ThreadingHTTPServer(("127.0.0.1", find_free_port()), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/hook", Handler.keys
-    finally:
-        server.shutdown()
-        server.server_close()
+    with webhook_receiver() as target:
+        yield target
 
 
 async def until(what: str, check: Callable[[], Awaitable[bool]], timeout_s: float = 60) -> None:

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -23,10 +23,15 @@ from timewheel.tasks.model import NewTask
 from timewheel.testing.nodes import settings_env
 from timewheel.testing.redis_cluster import RedisClusterServers
 from timewheel.testing.settings import test_settings
-
-from .test_disaster_drill import receiver  # noqa: F401  (the webhook target fixture)
+from timewheel.testing.webhooks import webhook_receiver
 
 CLI = [sys.executable, "-m", "timewheel.cli"]
+
+
+@pytest.fixture
+def receiver() -> Iterator[tuple[str, list[str]]]:
+    with webhook_receiver() as target:
+        yield target
 
 
 async def until(what: str, check: Callable[[], Awaitable[bool]], timeout_s: float = 60) -> None:
@@ -121,7 +126,7 @@ async def _exercise(
 async def test_executors_ride_out_redis_restarted_from_its_aof(
     own_redis: RedisServer,
     tmp_path: Path,
-    receiver: tuple[str, list[str]],  # noqa: F811
+    receiver: tuple[str, list[str]],
 ) -> None:
     hook_url, hooks = receiver
     engine = await Engine.connect(test_settings(own_redis.url))
@@ -142,7 +147,7 @@ async def test_executors_ride_out_redis_restarted_from_its_aof(
 @pytest.mark.cluster
 async def test_executors_ride_out_a_replica_promotion(
     tmp_path: Path,
-    receiver: tuple[str, list[str]],  # noqa: F811
+    receiver: tuple[str, list[str]],
 ) -> None:
     hook_url, hooks = receiver
     cluster = RedisClusterServers(
