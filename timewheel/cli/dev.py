@@ -74,6 +74,10 @@ def move_redis_aside(redis_dir: Path) -> Path | None:
         return None
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     target = redis_dir.with_name(f"{redis_dir.name}.before-restore-{stamp}")
+    n = 1
+    while target.exists():  # two restores within a second
+        n += 1
+        target = redis_dir.with_name(f"{redis_dir.name}.before-restore-{stamp}-{n}")
     redis_dir.rename(target)
     return target
 
