@@ -20,7 +20,9 @@ from timewheel.cli.executors import load_handler
 from timewheel.cli.parser import build_parser
 from timewheel.config import Settings
 
-DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+RUNBOOK = ROOT / "docs" / "operations" / "durability.md"
 COMPOSE = DEPLOY / "docker-compose.yml"
 
 
@@ -107,3 +109,20 @@ def test_mounted_files_exist_and_the_worker_app_loads(monkeypatch: pytest.Monkey
     assert f"{worker['working_dir']}/{spec.split(':')[0]}.py" in mounted
     monkeypatch.setattr(sys, "path", [str(DEPLOY), *sys.path])
     assert callable(load_handler(spec))
+
+
+def test_the_runbooks_timewheel_commands_parse() -> None:
+    """Every `timewheel ...` command of the recovery runbook and the README's recovery
+    lines (dev, compose, restore) parses, flags included."""
+    commands = []
+    for page in (RUNBOOK, ROOT / "README.md"):
+        for line in page.read_text(encoding="utf-8").splitlines():
+            found = re.search(
+                r"(?:^|\s)timewheel ((?:dev|restore|archiver|snapshot)\b[^#&;]*)", line
+            )
+            if found and not line.lstrip().startswith("#"):
+                commands.append(found.group(1).split())
+    assert ["dev", "--restore"] in commands
+    assert ["restore"] in commands  # the compose line
+    for argv in commands:
+        assert build_parser().parse_args(argv).command == argv[0]
