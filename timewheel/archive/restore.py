@@ -194,7 +194,7 @@ def apply_event(runs: dict[str, RestoredRun], ev: dict[str, Any]) -> None:
         return
     run = runs.get(run_id)
     if run is None:
-        return  # not pending at the snapshot and not created since: nothing to restore
+        return  # neither in the snapshot nor created since: gone before it, nothing to do
     if kind == "purged":
         del runs[run_id]
         return
