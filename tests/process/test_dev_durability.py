@@ -189,6 +189,9 @@ def test_restore_moves_the_redis_data_aside(data_dir: Path, tmp_path: Path) -> N
         dsn = dev.export("TIMEWHEEL_POSTGRES_DSN")
         archived = "SELECT count(*) FROM run_events WHERE run_id = %s"
         assert _poll(archived, (created.json()["id"],), dsn) >= 1
+        # --restore needs a complete snapshot: the one dev takes at start may still run.
+        complete = "SELECT count(*) FROM snapshots WHERE finished_at IS NOT NULL"
+        assert _poll(complete, (), dsn) >= 1
     finally:
         dev.stop()
     dev = Dev(data_dir, tmp_path / "dev2.log", "--redis-port", "0", "--restore")

@@ -128,15 +128,21 @@ async def _run_snapshot(args: argparse.Namespace) -> None:
 
 
 async def _run_restore(args: argparse.Namespace) -> None:
+    from timewheel.archive.progress import for_stderr
     from timewheel.archive.restore import restore
 
-    result = await restore(_archive_settings(args), force=args.force)
-    print(
-        f"restored {result.restored} runs from snapshot {result.snapshot_id} "
-        f"({result.events_replayed} events replayed, {result.existing} already present, "
-        f"{result.skipped_no_payload} skipped for lack of a payload)",
-        flush=True,
+    result = await restore(
+        _archive_settings(args), force=args.force, dry_run=args.dry_run, progress=for_stderr()
     )
+    if result.dry_run:
+        for shard in result.shards:
+            print(
+                f"shard {shard.shard}: {shard.pending} pending, {shard.finished} finished, "
+                f"{shard.dead} dead letters, {shard.expired} past retention, "
+                f"{shard.events_replayed} events replayed",
+                flush=True,
+            )
+    print(result.summary(), flush=True)
 
 
 _ARCHIVE_COMMANDS = {

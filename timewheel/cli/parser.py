@@ -280,6 +280,11 @@ def build_parser() -> argparse.ArgumentParser:
     restore.add_argument(
         "--force", action="store_true", help="restore into a Redis that already holds keys"
     )
+    restore.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="say what would be written (counts per kind and per shard); write nothing",
+    )
     add_postgres(restore)
 
     add_audit(sub)

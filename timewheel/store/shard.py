@@ -14,14 +14,13 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import RedisError
 
 from timewheel import ids
 from timewheel.config import Settings
 from timewheel.errors import RedisUnavailable, TaskNotFound
 from timewheel.store import deployment
 from timewheel.store.clock import RedisClock
-from timewheel.store.connection import RedisClient, connect
+from timewheel.store.connection import UNREACHABLE, RedisClient, connect, torn_connection
 from timewheel.store.guard import StorageGuard
 from timewheel.store.keys import Keys
 from timewheel.store.library import Script, ScriptArg, Scripts
@@ -80,7 +79,7 @@ class Store:
     async def ping(self) -> bool:
         try:
             return bool(await self.client.ping())
-        except (RedisError, OSError):
+        except UNREACHABLE:
             return False
 
     # -- placement ---------------------------------------------------------------------
@@ -112,10 +111,14 @@ class Store:
         """Run one call and decode its reply; connection failures are RedisUnavailable."""
         try:
             reply = await call.script(self.client, call.keys, call.args)
-        except (RedisError, OSError) as exc:
+        except UNREACHABLE as exc:
             if "timewheel:" in str(exc):
                 raise
             raise RedisUnavailable(f"{call.script.name} failed: {exc}") from exc
+        except (AttributeError, TypeError) as exc:
+            if not torn_connection(exc):
+                raise
+            raise RedisUnavailable(f"{call.script.name} failed: connection lost ({exc})") from exc
         return call.decode(reply)
 
     async def write(self, call: Call[R]) -> R:
