@@ -10,7 +10,8 @@
 --   wheel_place(tag, meta, run_id, tenant, due_ms, bucket_ms, promoted_until) -> wake
 --       put a scheduled run in its level (promoted_until optional).
 --   wheel_remove(tag, run_id, tenant, due_ms, bucket_ms)   take it out again.
---   wheel_retain(tag, run_id, finished_ms, bucket_ms)   index a finished record for expiry.
+--   wheel_retain(tag, run_id, finished_ms, bucket_ms)   index a finished record for expiry;
+--       wheel_retain_many(tag, run_ids, finished_ms, bucket_ms) many at once.
 --   wheel_promoted_until(meta) -> ms   where the near level ends.
 --   wheel_member(run_id) -> member;  wheel_run_id(tag, member) -> run_id   far buckets'
 --       members, without the shard characters.
@@ -84,6 +85,20 @@ end
 local function wheel_retain(tag, run_id, finished_ms, bucket_ms)
   local bucket = finished_ms - (finished_ms % bucket_ms)
   redis.call('HSET', tag .. 'x:' .. bucket, run_id, '')
+  redis.call('ZADD', tag .. 'expiry', bucket, bucket)
+end
+
+-- Many runs finished at one time (a batch of acks): one HSET and one ZADD for them all.
+local function wheel_retain_many(tag, run_ids, finished_ms, bucket_ms)
+  if #run_ids == 0 then
+    return
+  end
+  local bucket = finished_ms - (finished_ms % bucket_ms)
+  local fields = {}
+  for i, run_id in ipairs(run_ids) do
+    fields[2 * i - 1], fields[2 * i] = run_id, ''
+  end
+  redis.call('HSET', tag .. 'x:' .. bucket, unpack(fields))
   redis.call('ZADD', tag .. 'expiry', bucket, bucket)
 end
 
