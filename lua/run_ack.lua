@@ -8,7 +8,8 @@
   next action)
   ARGV[7..] four per run: stream (its index among KEYS[2..]: 1 = KEYS[2]), stream entry
   id, run_id, attempt
-  Derived keys (same tag): t:<xy>, meta and near:<tenant> (record_sent), x:<bucket>, expiry,
+  Derived keys (same tag): t:<xy>, meta and near:<tenant> (record_sent; one ZMSCORE per
+  tenant), x:<bucket>, expiry,
   use:<tenant> (a counted run stops counting: q:<queue>, bytes; lib/usage.lua),
   and for a schedule's run s:<sid>
   (no longer in flight) and the run it held back, put back in the wheel (meta, near, due).
@@ -41,11 +42,11 @@ local tag = string.sub(events_key, 1, -7)
 local reports = delivery_reports(KEYS, ARGV, 7, 4, group)
 local now = clock_now_ms(now_override)
 local promoted_until = wheel_promoted_until(tag .. 'meta')
+local record_of = delivery_loader(tag, reports, promoted_until)
 local codes, acked, retained, tally, woken = {}, {}, {}, {}, 0
 for i, report in ipairs(reports) do
   local run_id, attempt = report[3], report[4]
-  local bkey = body_key(tag, run_id)
-  local r = record_load(bkey, run_id, promoted_until)
+  local r, bkey = record_of(i)
   if r == nil then
     codes[i] = -1
   elseif r[R_ATTEMPT] ~= attempt or

@@ -18,7 +18,8 @@
            {0}             the entry was acknowledged but the run had moved on (stale;
                            or the same run earlier in this call)
            {-1}            NOT_FOUND: no record for this run id in this shard.
-  The retries of one call share one event-log entry (e=retry_scheduled,
+  The retries of one call due before promoted_until go into the near level with one ZADD
+  per tenant, and share one event-log entry (e=retry_scheduled,
   runs='id:tenant:attempt:due_ms,...', lib/retry.lua); each dead letter has its own, as before. ]]
 local events_key, group = KEYS[1], ARGV[1]
 local defaults, bucket_ms = cjson.decode(ARGV[2]), tonumber(ARGV[3])
@@ -33,31 +34,32 @@ local tag = string.sub(events_key, 1, -7)
 
 local reports = delivery_reports(KEYS, ARGV, 8, 8, group)
 local promoted_until = wheel_promoted_until(tag .. 'meta')
+local record_of = delivery_loader(tag, reports, promoted_until)
 local ctx = {
   now = clock_now_ms(now_override), defaults = defaults, reason = 'failed',
   bucket_ms = bucket_ms, events_key = events_key, event_cap = event_cap,
   wake_channel = wake_channel, shard = shard, promoted_until = promoted_until, policies = {},
-  retried = { runs = {}, errors = {}, wake = 0 },
+  retried = { runs = {}, errors = {}, near = {}, wake = 0 },
 }
-local replies = {}
+local replies, handled = {}, {}
 for i, report in ipairs(reports) do
   local run_id, attempt, at = report[3], report[4], report[5]
-  local bkey = body_key(tag, run_id)
-  local r = record_load(bkey, run_id, promoted_until)
-  if r == nil then
-    replies[i] = { -1 }
-  elseif not delivery_live(r, attempt) then
+  if handled[run_id] then
     replies[i] = { 0 }
   else
-    ctx.error, ctx.permanent = ARGV[at + 4], ARGV[at + 5] == '1'
-    ctx.delay_ms, ctx.rand = tonumber(ARGV[at + 6]), tonumber(ARGV[at + 7])
-    local outcome, detail = retry_or_bury(tag, bkey, run_id, r, ctx)
-    if outcome == 'retry' then
-      replies[i] = { 1, detail }
+    local r, bkey = record_of(i)
+    if r == nil then
+      replies[i] = { -1 }
+    elseif not delivery_live(r, attempt) then
+      replies[i] = { 0 }
     else
-      replies[i] = { 2, detail }
+      ctx.error, ctx.permanent = ARGV[at + 4], ARGV[at + 5] == '1'
+      ctx.delay_ms, ctx.rand = tonumber(ARGV[at + 6]), tonumber(ARGV[at + 7])
+      local outcome, detail = retry_or_bury(tag, bkey, run_id, r, ctx)
+      handled[run_id] = true
+      replies[i] = { outcome == 'retry' and 1 or 2, detail }
     end
   end
 end
-retry_flush(ctx)
+retry_flush(tag, ctx)
 return replies

@@ -9,8 +9,10 @@
 --   record_read(bkey, run_id) -> r, raw   the record as stored (nil if none).
 --   record_load(bkey, run_id, promoted_until) -> r, raw   the record as it is: a sent
 --       run says dispatched (promoted_until optional, as for record_sent).
---   record_sent(tag, run_id, r, promoted_until)   whether a stored-as-scheduled run has
---       been sent (promoted_until optional: a call handling many runs reads it once).
+--   record_sent(tag, run_id, r, promoted_until, near)   whether a stored-as-scheduled
+--       run has been sent (promoted_until optional: a call handling many runs reads it
+--       once; near optional: whether the run is in its tenant's near level, when the
+--       caller looked it up already, else nil).
 --   record_find(tag, run_id) -> r, bkey   record_load from the run id alone.
 --   record_owned(bkey, run_id, tenant) -> r   record_load, nil if another tenant's.
 --   record_scheduled(bkey, run_id, tenant) -> r | nil, refusal   a tenant's run that is
@@ -73,8 +75,11 @@ end
 -- bucket is the wheel index's latest bucket starting at or before the run's due time.
 -- Every move that puts a run back (retry, release, replay, reschedule) places it in the
 -- wheel in the same call.
-local function record_sent(tag, run_id, r, promoted_until)
-  if redis.call('ZSCORE', tag .. 'near:' .. r[R_TENANT], run_id) then
+local function record_sent(tag, run_id, r, promoted_until, near)
+  if near == nil then
+    near = redis.call('ZSCORE', tag .. 'near:' .. r[R_TENANT], run_id)
+  end
+  if near then
     return false
   end
   local due = r[R_DUE]

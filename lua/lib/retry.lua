@@ -9,9 +9,12 @@
 --       bucket_ms, events_key, event_cap, and wake_channel, shard (optional); and for a
 --       call reporting many runs (run_fail), promoted_until, policies (a table of the
 --       policies met so far, by opts) and retried (see retry_flush).
---   retry_flush(ctx)   the retry_scheduled entry of every retry collected in ctx.retried
---       ({runs = {}, errors = {}, wake = 0}): one entry for the call (docs/design.md,
---       the event log), and one wake message at most.
+--   retry_flush(tag, ctx)   what the retries collected in ctx.retried ({runs = {},
+--       errors = {}, near = {}, wake = 0}) share: the runs due before promoted_until go
+--       into the near level with one ZADD per tenant, then one retry_scheduled entry for
+--       the call (docs/design.md, the event log) and one wake message at most. Until
+--       then those runs are in neither level: the caller answers a second report of a
+--       run it already handled as stale without reading it.
 --
 -- policy: the task's own retry fields (record opts JSON, key 'retry') over the
 -- deployment defaults (a table with max_attempts, initial_s, factor, max_s, jitter).
@@ -72,10 +75,20 @@ local function retry_or_bury(tag, bkey, run_id, r, ctx)
   if not ctx.permanent and r[R_ATTEMPT] < p.max_attempts then
     local delay = ctx.delay_ms or retry_backoff_ms(p, r[R_ATTEMPT], ctx.rand)
     r[R_STATE], r[R_DUE] = ST_SCHEDULED, now + delay
-    local wake = wheel_place(tag, tag .. 'meta', run_id, tenant, r[R_DUE], ctx.bucket_ms,
-      ctx.promoted_until)
-    record_save(bkey, run_id, r)
     local batch = ctx.retried
+    local wake = 0
+    if batch and r[R_DUE] < ctx.promoted_until then
+      local placed = batch.near[tenant]
+      if placed == nil then
+        placed = {}
+        batch.near[tenant] = placed
+      end
+      placed[#placed + 1], placed[#placed + 2] = r[R_DUE], run_id
+    else
+      wake = wheel_place(tag, tag .. 'meta', run_id, tenant, r[R_DUE], ctx.bucket_ms,
+        ctx.promoted_until)
+    end
+    record_save(bkey, run_id, r)
     if batch then
       local n = #batch.runs + 1
       batch.runs[n] = string.format('%s:%s:%d:%d', run_id, tenant, r[R_ATTEMPT], r[R_DUE])
@@ -110,11 +123,16 @@ end
 -- 'id:tenant:attempt:due_ms,...',
 -- and the error once when every retry has the same, else errors: a JSON array in the order
 -- of runs.
-local function retry_flush(ctx)
+local function retry_flush(tag, ctx)
   local batch = ctx.retried
   local n = #batch.runs
   if n == 0 then
     return
+  end
+  for tenant, placed in pairs(batch.near) do
+    if wheel_place_near(tag, tenant, placed) == 1 then
+      batch.wake = 1
+    end
   end
   wake_publish(batch.wake, ctx.wake_channel, ctx.shard)
   local errors, same = batch.errors, true

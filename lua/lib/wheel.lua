@@ -9,6 +9,9 @@
 --
 --   wheel_place(tag, meta, run_id, tenant, due_ms, bucket_ms, promoted_until) -> wake
 --       put a scheduled run in its level (promoted_until optional).
+--   wheel_place_near(tag, tenant, placed) -> wake   many runs of one tenant, each due
+--       before promoted_until, into the near level at once (placed: {due_ms, run_id, ...}),
+--       as wheel_place one by one would.
 --   wheel_remove(tag, run_id, tenant, due_ms, bucket_ms)   take it out again.
 --   wheel_retain(tag, run_id, finished_ms, bucket_ms)   index a finished record for expiry;
 --       wheel_retain_many(tag, run_ids, finished_ms, bucket_ms) many at once.
@@ -61,6 +64,27 @@ local function wheel_place(tag, meta, run_id, tenant, due_ms, bucket_ms, promote
     return 0  -- the bucket was there already, so it is not a new earliest
   end
   if redis.call('ZRANGE', wheel, 0, 0)[1] == bucket then
+    return 1
+  end
+  return 0
+end
+
+-- The runs of one tenant that a call (run_fail) puts back in the near level: one ZADD for
+-- them all, and the due index moved to the earliest of them (the only one that can wake).
+local function wheel_place_near(tag, tenant, placed)
+  redis.call('ZADD', tag .. 'near:' .. tenant, unpack(placed))
+  local earliest = placed[1]
+  for i = 3, #placed, 2 do
+    if placed[i] < earliest then
+      earliest = placed[i]
+    end
+  end
+  local due_key = tag .. 'due'
+  if redis.call('ZADD', due_key, 'LT', 'CH', earliest, tenant) == 0 then
+    return 0
+  end
+  local first = redis.call('ZRANGE', due_key, 0, 0, 'WITHSCORES')
+  if first[1] == tenant and tonumber(first[2]) == earliest then
     return 1
   end
   return 0

@@ -202,3 +202,22 @@ async def test_retries_with_one_error_share_it_and_usage_stays_until_buried(
     [retried] = await events(engine, shard, "retry_scheduled")
     assert retried[b"error"] == b"TimeoutError: slow" and b"errors" not in retried
     assert await usage(engine, shard) == before  # a retried run still counts
+
+
+async def test_a_late_ack_in_a_batch_ends_the_run_whose_retry_waits_in_the_wheel(
+    engine: Engine,
+) -> None:
+    d1, d2, d3 = (await one_shard(engine, 3))[:3]
+    shard = engine.keys.shard_of_key(d1.stream)
+    [retry] = await engine.outcomes.fail_many(
+        [Failure(d1, "lease lost", delay_ms=0)], GROUP, now_ms=NOW + 1100
+    )
+    assert retry.outcome == "retry"
+    near = engine.keys.tag(shard) + f"near:{TENANT}"
+    assert await engine.client.zscore(near, d1.run_id) is not None  # waits in the near level
+    # The attempt that was given up on reports success after all, beside two others.
+    answers = await engine.outcomes.ack_many([d2, d1, d3, d1], GROUP, now_ms=NOW + 1200)
+    assert answers == [True, True, True, False]
+    assert (await engine.tasks.get(TENANT, d1.run_id)).state == "succeeded"
+    assert await engine.client.zscore(near, d1.run_id) is None  # the retry is dropped
+    assert await tick_all(engine, NOW + 10_000) == 0
