@@ -23,15 +23,15 @@ from timewheel.errors import TimewheelError
 from timewheel.runs.delivery import Delivery
 from timewheel.runs.outcomes import FailResult, Failure
 
-ACK_BATCH = 256
+ACK_BATCH = 200
 """Acks per pipeline at most; a full batch is sent at once. A pipeline is one run_ack call
 per shard (lua/run_ack.lua takes many runs), so what a call writes once (the event-log
 entry, the expiry index, the usage counts, the call itself) is shared by the acks of its
-shard: the more acks, the less Redis time each. 256 acks spread over 16 shards are about
-15 KB, each ack some 55 bytes: Redis reads a client's commands 16 KB at a time and fsyncs
-(appendfsync always) once per pass of its event loop, so a bigger pipeline would span
-passes, while pipelines on several connections share one pass. Redis spends about as
-long on 256 batched acks as it did on 64 acks of one call each."""
+shard: the more acks, the less Redis time each. An ack is some 55 bytes of a call and a
+call's own part some 250: 200 acks spread over 16 shards are about 15 KB. Redis reads a
+client's commands 16 KB at a time and fsyncs (appendfsync always) once per pass of its
+event loop, so a bigger pipeline would span passes, while pipelines on several
+connections share one pass."""
 ACK_DELAY_S = 0.002
 """How long the first waiting ack waits for others before its pipeline goes."""
 ACK_PIPELINES = 4
