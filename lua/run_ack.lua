@@ -1,27 +1,34 @@
---[[ run_ack: an executor finished a run: acknowledge its stream entry, state -> succeeded.
-  KEYS[1] stream  STREAM tag..'q:'..tenant..':'..queue (the tag is KEYS[1] up to '}:')
-  KEYS[2] events  STREAM tag..'events'
-  ARGV[1] consumer group   ARGV[2] stream entry id   ARGV[3] run_id   ARGV[4] attempt
-  ARGV[5] bucket_ms   ARGV[6] now_ms override ('' = TIME)   ARGV[7] event log cap
-  ARGV[8] wake channel ('' = none)   ARGV[9] shard number (the wake message, sent when a
-  run held back by overlap buffer_one is released and is the shard's next action)
-  Derived keys (same tag): t:<xy>, meta and near:<tenant> (record_sent), x:<bucket>, expiry,
+--[[ run_ack: executors finished runs of one shard: acknowledge their stream entries, each
+  run -> succeeded. One call takes one run or many (a worker's batch of acks).
+  KEYS[1] events  STREAM tag..'events' (the tag is KEYS[1] minus 'events')
+  KEYS[2..] the ready streams (tag..'q:'..tenant..':'..queue) the runs were delivered on
+  ARGV[1] consumer group   ARGV[2] bucket_ms   ARGV[3] now_ms override ('' = TIME)
+  ARGV[4] event log cap   ARGV[5] wake channel ('' = none)   ARGV[6] shard number (the wake
+  message, sent when a run held back by overlap buffer_one is released and is the shard's
+  next action)
+  ARGV[7..] four per run: stream (its index among KEYS[2..]: 1 = KEYS[2]), stream entry
+  id, run_id, attempt
+  Derived keys (same tag): t:<xy>, meta and near:<tenant> (record_sent; one ZMSCORE per
+  tenant), x:<bucket>, expiry,
   use:<tenant> (a counted run stops counting: q:<queue>, bytes; lib/usage.lua),
   and for a schedule's run s:<sid>
   (no longer in flight) and the run it held back, put back in the wheel (meta, near, due).
-  Returns: {1}   acknowledged and the run is now succeeded. This includes a late ack of
-                 an attempt the reaper had already given up on, while its retry still
-                 waits in the wheel: the work is done, so the retry is dropped.
-           {0}   the entry was acknowledged, but the run had already moved on (a later
-                 attempt is out, or the run is finished): nothing changed
-  Errors:  {-1} NOT_FOUND: no record for this run id in this shard.
-  The entry is deleted from the stream once acknowledged, so ready streams hold only
-  unacknowledged work and never drop any of it. ]]
-local stream_key, events_key = KEYS[1], KEYS[2]
-local group, entry_id, run_id, attempt = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
-local bucket_ms, now_override, event_cap = tonumber(ARGV[5]), ARGV[6], ARGV[7]
-local wake_channel, shard = ARGV[8], ARGV[9]
-local tag = string.match(stream_key, '^(.-}:)')
+  Returns: one code per run, in ARGV's order:
+           1   acknowledged and the run is now succeeded. This includes a late ack of
+               an attempt the reaper had already given up on, while its retry still
+               waits in the wheel: the work is done, so the retry is dropped.
+           0   the entry was acknowledged, but the run had already moved on (a later
+               attempt is out, or the run is finished; or the same run earlier in this
+               call): nothing changed
+           -1  NOT_FOUND: no record for this run id in this shard.
+  Every entry is deleted from its stream once acknowledged (one XACK and one XDEL per
+  stream), so ready streams hold only unacknowledged work and never drop any of it.
+  What a batch shares is written once: the finish bucket's expiry entries (one HSET), the
+  usage counts (one HINCRBY per tenant and queue), and one event-log entry
+  (e=acked, runs='id:tenant:attempt,...', at; docs/design.md). ]]
+local events_key, group, bucket_ms = KEYS[1], ARGV[1], tonumber(ARGV[2])
+local now_override, event_cap, wake_channel, shard = ARGV[3], ARGV[4], ARGV[5], ARGV[6]
+local tag = string.sub(events_key, 1, -7)
 
 --!include lib/record.lua
 --!include lib/delivery.lua
@@ -32,25 +39,41 @@ local tag = string.match(stream_key, '^(.-}:)')
 --!include lib/events.lua
 --!include lib/schedule.lua
 
-local r, bkey = delivery_report(tag, stream_key, group, entry_id, run_id)
-if r == nil then
-  return { -1 }
-end
-if r[R_ATTEMPT] ~= attempt or (r[R_STATE] ~= ST_DISPATCHED and r[R_STATE] ~= ST_SCHEDULED) then
-  return { 0 }
-end
+local reports = delivery_reports(KEYS, ARGV, 7, 4, group)
 local now = clock_now_ms(now_override)
-if r[R_STATE] == ST_SCHEDULED then
-  wheel_remove(tag, run_id, r[R_TENANT], r[R_DUE], bucket_ms)
+local promoted_until = wheel_promoted_until(tag .. 'meta')
+local record_of = delivery_loader(tag, reports, promoted_until)
+local codes, acked, retained, tally, woken = {}, {}, {}, {}, 0
+for i, report in ipairs(reports) do
+  local run_id, attempt = report[3], report[4]
+  local r, bkey = record_of(i)
+  if r == nil then
+    codes[i] = -1
+  elseif r[R_ATTEMPT] ~= attempt or
+      (r[R_STATE] ~= ST_DISPATCHED and r[R_STATE] ~= ST_SCHEDULED) then
+    codes[i] = 0
+  else
+    if r[R_STATE] == ST_SCHEDULED then
+      wheel_remove(tag, run_id, r[R_TENANT], r[R_DUE], bucket_ms)
+    end
+    r[R_STATE], r[R_UPDATED] = ST_SUCCEEDED, now
+    record_save(bkey, run_id, r)
+    retained[#retained + 1] = run_id
+    if usage_counted(r) then
+      usage_tally(tally, r[R_TENANT], r[R_QUEUE], -#(r[R_PAYLOAD] or ''), -1)
+    end
+    if r[R_SCHEDULE] and
+        schedule_run_finished(tag, r[R_SCHEDULE], run_id, now, bucket_ms) == 1 then
+      woken = 1
+    end
+    acked[#acked + 1] = string.format('%s:%s:%d', run_id, r[R_TENANT], attempt)
+    codes[i] = 1
+  end
 end
-r[R_STATE], r[R_UPDATED] = ST_SUCCEEDED, now
-record_save(bkey, run_id, r)
-wheel_retain(tag, run_id, now, bucket_ms)
-if usage_counted(r) then
-  usage_run(usage_key(tag, r[R_TENANT]), r, -1, -1)
+if #acked > 0 then
+  wheel_retain_many(tag, retained, now, bucket_ms)
+  usage_flush(tag, tally)
+  wake_publish(woken, wake_channel, shard)
+  event_emit(events_key, event_cap, 'e', 'acked', 'runs', table.concat(acked, ','), 'at', now)
 end
-wake_publish(schedule_run_finished(tag, r[R_SCHEDULE], run_id, now, bucket_ms), wake_channel,
-  shard)
-event_emit(events_key, event_cap, 'e', 'acked', 'id', run_id, 'tenant', r[R_TENANT],
-  'attempt', attempt, 'at', now)
-return { 1 }
+return codes

@@ -1,43 +1,65 @@
---[[ run_fail: an executor's attempt failed: acknowledge the entry, then retry later or bury.
-  KEYS[1] stream  STREAM tag..'q:'..tenant..':'..queue (the tag is KEYS[1] up to '}:')
-  KEYS[2] events  STREAM tag..'events'
-  ARGV[1] consumer group   ARGV[2] stream entry id   ARGV[3] run_id   ARGV[4] attempt
-  ARGV[5] error text   ARGV[6] permanent ('1': dead-letter now, no retry)
-  ARGV[7] delay_ms before the retry ('' = the retry policy's backoff; an executor's
-          Retry-After, say)   ARGV[8] rand in [0, 1) for jitter
-  ARGV[9] retry defaults JSON {max_attempts, initial_s, factor, max_s, jitter}
-  ARGV[10] bucket_ms   ARGV[11] now_ms override ('' = TIME)   ARGV[12] event log cap
-  ARGV[13] wake channel ('' = none)   ARGV[14] shard number (the wake message)
+--[[ run_fail: executors' attempts failed, of runs of one shard: acknowledge the entries, then
+  retry each run later or bury it. One call takes one run or many.
+  KEYS[1] events  STREAM tag..'events' (the tag is KEYS[1] minus 'events')
+  KEYS[2..] the ready streams (tag..'q:'..tenant..':'..queue) the runs were delivered on
+  ARGV[1] consumer group   ARGV[2] retry defaults JSON {max_attempts, initial_s, factor,
+  max_s, jitter}   ARGV[3] bucket_ms   ARGV[4] now_ms override ('' = TIME)
+  ARGV[5] event log cap   ARGV[6] wake channel ('' = none)   ARGV[7] shard number (the wake
+  message)
+  ARGV[8..] eight per run: stream (its index among KEYS[2..]: 1 = KEYS[2]), stream entry
+  id, run_id, attempt, error text, permanent ('1': dead-letter now, no retry), delay_ms
+  before the retry ('' = the retry policy's backoff; an executor's Retry-After, say),
+  rand in [0, 1) for jitter
   Derived keys (same tag): t:<xy>, meta, near:<tenant>, due, w:<bucket>, wheel,
-  dead:<tenant>.
-  Returns: {1, due_ms}     back in the wheel for attempt + 1 at due_ms
+  dead:<tenant>, use:<tenant>, and for a schedule's run s:<sid> (lib/retry.lua).
+  Returns: one reply per run, in ARGV's order:
+           {1, due_ms}     back in the wheel for attempt + 1 at due_ms
            {2, entry_id}   dead-lettered (max_attempts reached, or permanent)
-           {0}             the entry was acknowledged but the run had moved on (stale)
-  Errors:  {-1} NOT_FOUND: no record for this run id in this shard. ]]
-local stream_key, events_key = KEYS[1], KEYS[2]
-local group, entry_id, run_id, attempt = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
-local err, permanent, delay_ms, rand = ARGV[5], ARGV[6] == '1', ARGV[7], tonumber(ARGV[8])
-local defaults, bucket_ms = cjson.decode(ARGV[9]), tonumber(ARGV[10])
-local now_override, event_cap, wake_channel, shard = ARGV[11], ARGV[12], ARGV[13], ARGV[14]
-local tag = string.match(stream_key, '^(.-}:)')
+           {0}             the entry was acknowledged but the run had moved on (stale;
+                           or the same run earlier in this call)
+           {-1}            NOT_FOUND: no record for this run id in this shard.
+  The retries of one call due before promoted_until go into the near level with one ZADD
+  per tenant, and share one event-log entry (e=retry_scheduled,
+  runs='id:tenant:attempt:due_ms,...', lib/retry.lua); each dead letter has its own, as before. ]]
+local events_key, group = KEYS[1], ARGV[1]
+local defaults, bucket_ms = cjson.decode(ARGV[2]), tonumber(ARGV[3])
+local now_override, event_cap, wake_channel, shard = ARGV[4], ARGV[5], ARGV[6], ARGV[7]
+local tag = string.sub(events_key, 1, -7)
 
+--!include lib/record.lua
 --!include lib/delivery.lua
 --!include lib/clock.lua
+--!include lib/wheel.lua
 --!include lib/retry.lua
 
-local r, bkey = delivery_report(tag, stream_key, group, entry_id, run_id)
-if r == nil then
-  return { -1 }
+local reports = delivery_reports(KEYS, ARGV, 8, 8, group)
+local promoted_until = wheel_promoted_until(tag .. 'meta')
+local record_of = delivery_loader(tag, reports, promoted_until)
+local ctx = {
+  now = clock_now_ms(now_override), defaults = defaults, reason = 'failed',
+  bucket_ms = bucket_ms, events_key = events_key, event_cap = event_cap,
+  wake_channel = wake_channel, shard = shard, promoted_until = promoted_until, policies = {},
+  retried = { runs = {}, errors = {}, near = {}, wake = 0 },
+}
+local replies, handled = {}, {}
+for i, report in ipairs(reports) do
+  local run_id, attempt, at = report[3], report[4], report[5]
+  if handled[run_id] then
+    replies[i] = { 0 }
+  else
+    local r, bkey = record_of(i)
+    if r == nil then
+      replies[i] = { -1 }
+    elseif not delivery_live(r, attempt) then
+      replies[i] = { 0 }
+    else
+      ctx.error, ctx.permanent = ARGV[at + 4], ARGV[at + 5] == '1'
+      ctx.delay_ms, ctx.rand = tonumber(ARGV[at + 6]), tonumber(ARGV[at + 7])
+      local outcome, detail = retry_or_bury(tag, bkey, run_id, r, ctx)
+      handled[run_id] = true
+      replies[i] = { outcome == 'retry' and 1 or 2, detail }
+    end
+  end
 end
-if not delivery_live(r, attempt) then
-  return { 0 }
-end
-local outcome, detail = retry_or_bury(tag, bkey, run_id, r, {
-  now = clock_now_ms(now_override), defaults = defaults, error = err, reason = 'failed',
-  permanent = permanent, delay_ms = tonumber(delay_ms), rand = rand, bucket_ms = bucket_ms,
-  events_key = events_key, event_cap = event_cap, wake_channel = wake_channel, shard = shard,
-})
-if outcome == 'retry' then
-  return { 1, detail }
-end
-return { 2, detail }
+retry_flush(tag, ctx)
+return replies

@@ -7,8 +7,12 @@
 --   run_place(tag, run_id) -> task_id, bkey, field   where a run's record lives;
 --       body_key(tag, run_id) -> bkey and body_field(run_id) -> field give one part.
 --   record_read(bkey, run_id) -> r, raw   the record as stored (nil if none).
---   record_load(bkey, run_id) -> r, raw   the record as it is: a sent run says dispatched.
---   record_sent(tag, run_id, r)   whether a stored-as-scheduled run has been sent.
+--   record_load(bkey, run_id, promoted_until) -> r, raw   the record as it is: a sent
+--       run says dispatched (promoted_until optional, as for record_sent).
+--   record_sent(tag, run_id, r, promoted_until, near)   whether a stored-as-scheduled
+--       run has been sent (promoted_until optional: a call handling many runs reads it
+--       once; near optional: whether the run is in its tenant's near level, when the
+--       caller looked it up already, else nil).
 --   record_find(tag, run_id) -> r, bkey   record_load from the run id alone.
 --   record_owned(bkey, run_id, tenant) -> r   record_load, nil if another tenant's.
 --   record_scheduled(bkey, run_id, tenant) -> r | nil, refusal   a tenant's run that is
@@ -71,12 +75,15 @@ end
 -- bucket is the wheel index's latest bucket starting at or before the run's due time.
 -- Every move that puts a run back (retry, release, replay, reschedule) places it in the
 -- wheel in the same call.
-local function record_sent(tag, run_id, r)
-  if redis.call('ZSCORE', tag .. 'near:' .. r[R_TENANT], run_id) then
+local function record_sent(tag, run_id, r, promoted_until, near)
+  if near == nil then
+    near = redis.call('ZSCORE', tag .. 'near:' .. r[R_TENANT], run_id)
+  end
+  if near then
     return false
   end
   local due = r[R_DUE]
-  if due >= wheel_promoted_until(tag .. 'meta') then
+  if due >= (promoted_until or wheel_promoted_until(tag .. 'meta')) then
     local bucket = redis.call('ZRANGE', tag .. 'wheel', due, '-inf', 'BYSCORE', 'REV', 'LIMIT', 0,
       1)[1]
     if bucket and redis.call('HEXISTS', tag .. 'w:' .. bucket, wheel_member(run_id)) == 1 then
@@ -88,9 +95,10 @@ end
 
 -- A record as it is: a sent run says dispatched, at the attempt it was sent with
 -- (r.sent marks the difference from what is stored; record_save writes it).
-local function record_load(bkey, run_id)
+local function record_load(bkey, run_id, promoted_until)
   local r, raw = record_read(bkey, run_id)
-  if r and r[R_STATE] == ST_SCHEDULED and record_sent(string.sub(bkey, 1, -5), run_id, r) then
+  if r and r[R_STATE] == ST_SCHEDULED and
+      record_sent(string.sub(bkey, 1, -5), run_id, r, promoted_until) then
     r[R_STATE], r[R_ATTEMPT], r.sent = ST_DISPATCHED, r[R_ATTEMPT] + 1, true
   end
   return r, raw

@@ -22,11 +22,13 @@
 --   usage_run(ukey, r, runs, bytes)   run r begins (1) or ends (-1) counting in its
 --       queue, and its payload in bytes (1, -1 or 0 for no change).
 --   usage_counted(r) -> bool   whether run r is a counted run (see above).
---   usage_tally(tally, tenant, queue, bytes)   note one counted run created, in a table
---       {tenant -> {bytes, queues}} (a call creating many runs adds once per tenant).
+--   usage_tally(tally, tenant, queue, bytes, runs)   note one counted run created (runs
+--       1, the default) or finished (runs -1, bytes negative), in a table
+--       {tenant -> {bytes, queues}} (a call creating or finishing many runs adds once per
+--       tenant and queue).
 --   usage_flush(tag, tally)   add up a tally in shard `tag`.
 --
--- A count never goes below 0: a deployment upgraded from a version without these counts
+-- A count never goes below 0 (so taking away n at once leaves what n single steps would): a deployment upgraded from a version without these counts
 -- finishes runs it never counted, so the counts may be short until those runs are gone.
 
 local function usage_key(tag, tenant)
@@ -61,14 +63,14 @@ local function usage_run(ukey, r, runs, bytes)
   end
 end
 
-local function usage_tally(tally, tenant, queue, bytes)
+local function usage_tally(tally, tenant, queue, bytes, runs)
   local t = tally[tenant]
   if t == nil then
     t = { bytes = 0, queues = {} }
     tally[tenant] = t
   end
   t.bytes = t.bytes + bytes
-  t.queues[queue] = (t.queues[queue] or 0) + 1
+  t.queues[queue] = (t.queues[queue] or 0) + (runs or 1)
 end
 
 local function usage_flush(tag, tally)

@@ -9,8 +9,12 @@
 --
 --   wheel_place(tag, meta, run_id, tenant, due_ms, bucket_ms, promoted_until) -> wake
 --       put a scheduled run in its level (promoted_until optional).
+--   wheel_place_near(tag, tenant, placed) -> wake   many runs of one tenant, each due
+--       before promoted_until, into the near level at once (placed: {due_ms, run_id, ...}),
+--       as wheel_place one by one would.
 --   wheel_remove(tag, run_id, tenant, due_ms, bucket_ms)   take it out again.
---   wheel_retain(tag, run_id, finished_ms, bucket_ms)   index a finished record for expiry.
+--   wheel_retain(tag, run_id, finished_ms, bucket_ms)   index a finished record for expiry;
+--       wheel_retain_many(tag, run_ids, finished_ms, bucket_ms) many at once.
 --   wheel_promoted_until(meta) -> ms   where the near level ends.
 --   wheel_member(run_id) -> member;  wheel_run_id(tag, member) -> run_id   far buckets'
 --       members, without the shard characters.
@@ -65,6 +69,27 @@ local function wheel_place(tag, meta, run_id, tenant, due_ms, bucket_ms, promote
   return 0
 end
 
+-- The runs of one tenant that a call (run_fail) puts back in the near level: one ZADD for
+-- them all, and the due index moved to the earliest of them (the only one that can wake).
+local function wheel_place_near(tag, tenant, placed)
+  redis.call('ZADD', tag .. 'near:' .. tenant, unpack(placed))
+  local earliest = placed[1]
+  for i = 3, #placed, 2 do
+    if placed[i] < earliest then
+      earliest = placed[i]
+    end
+  end
+  local due_key = tag .. 'due'
+  if redis.call('ZADD', due_key, 'LT', 'CH', earliest, tenant) == 0 then
+    return 0
+  end
+  local first = redis.call('ZRANGE', due_key, 0, 0, 'WITHSCORES')
+  if first[1] == tenant and tonumber(first[2]) == earliest then
+    return 1
+  end
+  return 0
+end
+
 -- Take a scheduled run out of whichever level holds it.
 local function wheel_remove(tag, run_id, tenant, due_ms, bucket_ms)
   if redis.call('ZREM', tag .. 'near:' .. tenant, run_id) == 1 then
@@ -84,6 +109,20 @@ end
 local function wheel_retain(tag, run_id, finished_ms, bucket_ms)
   local bucket = finished_ms - (finished_ms % bucket_ms)
   redis.call('HSET', tag .. 'x:' .. bucket, run_id, '')
+  redis.call('ZADD', tag .. 'expiry', bucket, bucket)
+end
+
+-- Many runs finished at one time (a batch of acks): one HSET and one ZADD for them all.
+local function wheel_retain_many(tag, run_ids, finished_ms, bucket_ms)
+  if #run_ids == 0 then
+    return
+  end
+  local bucket = finished_ms - (finished_ms % bucket_ms)
+  local fields = {}
+  for i, run_id in ipairs(run_ids) do
+    fields[2 * i - 1], fields[2 * i] = run_id, ''
+  end
+  redis.call('HSET', tag .. 'x:' .. bucket, unpack(fields))
   redis.call('ZADD', tag .. 'expiry', bucket, bucket)
 end
 

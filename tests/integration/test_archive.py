@@ -16,10 +16,13 @@ from timewheel.archive.history import run_history
 from timewheel.archive.snapshot import take_snapshot
 from timewheel.engine import Engine
 from timewheel.errors import RedisUnavailable
+from timewheel.runs.outcomes import Failure
 from timewheel.store.server import RedisServer
 from timewheel.store.shard import Store
 from timewheel.tasks.model import NewTask
 from timewheel.testing.archive import archive_all, make_history, pg_rows, redis_rows
+from timewheel.testing.clock import NOW
+from timewheel.testing.dispatch import all_deliveries, prime, tick_all
 from timewheel.testing.settings import test_settings
 
 
@@ -96,6 +99,50 @@ async def test_history_falls_back_to_postgres_when_the_log_lost_it(
         ),
     )
     assert [e.kind for e in await run_history(down, "t0", made.task_id)] == ["purged"]
+
+
+async def test_batched_acks_and_retries_are_archived_a_row_per_run_beside_old_entries(
+    engine_pg: tuple[Engine, str],
+) -> None:
+    engine, dsn = engine_pg
+    await engine.tasks.create_many(
+        [NewTask(tenant="t0", payload_json=str(i), run_at_ms=NOW + 100) for i in range(6)]
+    )
+    await prime(engine, NOW)
+    assert await tick_all(engine, NOW + 1000) == 6
+    d = await all_deliveries(engine)
+    assert await engine.outcomes.ack_many(d[:3], "g", now_ms=NOW + 1100) == [True] * 3
+    failures = [Failure(d[3], "E: three"), Failure(d[4], "E: four")]
+    results = await engine.outcomes.fail_many(failures, "g", now_ms=NOW + 1100)
+    assert [r.outcome for r in results] == ["retry", "retry"]
+    # An entry as earlier versions wrote it, one run in fields of its own.
+    shard = int(d[5].run_id[:3], 16)
+    old = {"e": "acked", "id": d[5].run_id, "tenant": "t0", "attempt": 1, "at": NOW + 1200}
+    await engine.client.xadd(engine.keys.events(shard), old)  # type: ignore[arg-type]
+    await archive_all(engine, dsn)
+    assert await pg_rows(dsn) == await redis_rows(engine)
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        cur = await conn.execute(
+            "SELECT run_id, tenant, attempt, due_ms, error FROM run_events"
+            " WHERE kind IN ('acked', 'retry_scheduled') ORDER BY run_id"
+        )
+        rows = {str(r[0]): tuple(r[1:]) for r in await cur.fetchall()}
+        assert {x.run_id: rows[x.run_id] for x in d[:3]} == {
+            x.run_id: ("t0", 1, None, None) for x in d[:3]
+        }
+        assert rows[d[3].run_id][:2] == ("t0", 1) and rows[d[3].run_id][3] == "E: three"
+        assert rows[d[4].run_id][3] == "E: four" and rows[d[4].run_id][2] == results[1].due_ms
+        assert rows[d[5].run_id] == ("t0", 1, None, None)
+        cur = await conn.execute("SELECT run_id, state, last_error FROM tasks WHERE tenant = 't0'")
+        tasks = {str(r[0]): (r[1], r[2]) for r in await cur.fetchall()}
+    assert [tasks[x.run_id] for x in d] == [
+        ("succeeded", None),
+        ("succeeded", None),
+        ("succeeded", None),
+        ("scheduled", "E: three"),
+        ("scheduled", "E: four"),
+        ("succeeded", None),
+    ]
 
 
 async def test_archive_and_snapshot_on_standalone_and_cluster(

@@ -10,6 +10,7 @@ from typing import Any, ClassVar
 
 import pytest
 
+from timewheel.archive.events import batched_runs
 from timewheel.archive.history import run_history
 from timewheel.engine import Engine
 from timewheel.errors import PermanentError, TaskNotFound
@@ -72,12 +73,10 @@ async def _retry_due(engine: Engine, run_id: str, attempt: int) -> int:
     shard = int(run_id[:3], 16)
     entries: Any = await engine.client.xrange(engine.keys.events(shard))
     for _, f in entries:
-        if (f[b"e"], f.get(b"id"), f.get(b"attempt")) == (
-            b"retry_scheduled",
-            run_id.encode(),
-            str(attempt).encode(),
-        ):
-            return int(f[b"due_ms"])
+        if f[b"e"] == b"retry_scheduled":
+            for run in batched_runs("retry_scheduled", f):
+                if (run.run_id, run.attempt) == (run_id, attempt) and run.due_ms is not None:
+                    return run.due_ms
     raise AssertionError(f"no retry_scheduled event for attempt {attempt}")
 
 

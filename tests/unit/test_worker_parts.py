@@ -13,10 +13,11 @@ from prometheus_client import generate_latest
 
 from timewheel.config import Settings
 from timewheel.errors import RedisUnavailable, TimewheelError
-from timewheel.runs.acks import AckBatcher
+from timewheel.runs.acks import AckBatcher, FailureBatcher
 from timewheel.runs.delivery import Delivery, parse_entry, parse_fields
 from timewheel.runs.failures import FailureLog, handler_name
 from timewheel.runs.metrics import WorkerMetrics
+from timewheel.runs.outcomes import FailResult, Failure
 from timewheel.runs.signals import Retry
 from timewheel.runs.worker import Worker
 from timewheel.store.shard import Store
@@ -104,6 +105,37 @@ async def test_acks_go_by_size_by_delay_and_within_the_pipelines_allowed() -> No
     assert max(len(batch) for batch in sent) == 3
     assert sorted(run for batch, _ in done for run in batch) == sorted(f"r{n}" for n in range(10))
     assert all(answers is not None for _, answers in done)
+
+
+async def test_failures_of_one_pass_go_together_and_each_caller_gets_its_answer() -> None:
+    sent: list[list[str]] = []
+    release = asyncio.Event()
+
+    async def send(batch: Sequence[Failure]) -> list[FailResult]:
+        sent.append([f.delivery.run_id for f in batch])
+        await release.wait()
+        return [FailResult("retry", due_ms=n) for n in range(len(batch))]
+
+    fails = FailureBatcher(send, batch=3)
+    first = [asyncio.create_task(fails.fail(Failure(_delivery(n), "E"))) for n in range(2)]
+    await asyncio.sleep(0.01)
+    assert sent == [["r0", "r1"]]  # reported in one pass: one pipeline
+    later = [asyncio.create_task(fails.fail(Failure(_delivery(n), "E"))) for n in range(2, 6)]
+    await asyncio.sleep(0.01)
+    assert len(sent) == 1  # one pipeline out at a time: the rest waits for it
+    release.set()
+    results = await asyncio.gather(*first, *later)
+    assert sent == [["r0", "r1"], ["r2", "r3", "r4"], ["r5"]]
+    assert [r.due_ms for r in results] == [0, 1, 0, 1, 2, 0]
+
+    async def down(batch: Sequence[Failure]) -> list[FailResult]:
+        raise RedisUnavailable("connection reset")
+
+    broken = FailureBatcher(down)
+    outcomes = await asyncio.gather(
+        *(broken.fail(Failure(_delivery(n), "E")) for n in range(2)), return_exceptions=True
+    )
+    assert all(isinstance(o, RedisUnavailable) for o in outcomes)
 
 
 async def test_a_failed_ack_pipeline_is_sent_again_then_reported() -> None:

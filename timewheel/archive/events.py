@@ -6,6 +6,7 @@ restore replays the rows they produce (timewheel/archive/restore.py).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -82,6 +83,49 @@ def created_runs(fields: dict[bytes, bytes]) -> list[tuple[str, str, str, int]]:
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class BatchedRun:
+    """One run of an entry that names several (acked, retry_scheduled)."""
+
+    run_id: str
+    tenant: str
+    attempt: int
+    due_ms: int | None = None
+    error: str | None = None
+
+
+BATCHED = ("acked", "retry_scheduled")
+"""Kinds whose entries name many runs in `runs` (one entry per call) when they have it;
+entries written before that name one run in id, tenant, attempt (due_ms, error) fields."""
+
+
+def batched_runs(kind: str, fields: dict[bytes, bytes]) -> list[BatchedRun]:
+    """The runs a batched acked or retry_scheduled entry names: runs =
+    'id:tenant:attempt,...' (acked) or 'id:tenant:attempt:due_ms,...' (retry_scheduled),
+    with the error in `error` when every retry has the same, else `errors`, a JSON array
+    in the order of runs. Items it cannot read are left out."""
+    errors: list[Any] = []
+    if kind == "retry_scheduled" and b"errors" in fields:
+        try:
+            loaded = json.loads(fields[b"errors"])
+        except ValueError:
+            loaded = []
+        errors = loaded if isinstance(loaded, list) else []
+    shared = field_text(fields, "error")
+    width = 4 if kind == "retry_scheduled" else 3
+    out: list[BatchedRun] = []
+    for n, item in enumerate(fields.get(b"runs", b"").split(b",")):
+        parts = item.split(b":")
+        if len(parts) != width or not all(p.isdigit() for p in parts[2:]):
+            continue
+        error = shared
+        if n < len(errors) and isinstance(errors[n], str):
+            error = errors[n] or None
+        due = int(parts[3]) if width == 4 else None
+        out.append(BatchedRun(parts[0].decode(), parts[1].decode(), int(parts[2]), due, error))
+    return out
+
+
 def event_rows(shard: int, entry_id: bytes, fields: dict[bytes, bytes]) -> list[list[Any]]:
     """The run_events rows of one event-log entry (payload and opts left None)."""
     ms, seq = parse_id(entry_id)
@@ -117,6 +161,13 @@ def event_rows(shard: int, entry_id: bytes, fields: dict[bytes, bytes]) -> list[
                 ]
             )
         return rows
+    if kind in BATCHED and b"runs" in fields:
+        reason = field_text(fields, "reason")
+        return [
+            [shard, ms, seq, b.run_id, kind, at_ms, b.tenant, None, b.attempt, b.due_ms,
+             reason, b.error, node, epoch, None, None]
+            for b in batched_runs(kind, fields)
+        ]  # fmt: skip
     if kind == "created":
         return [
             [shard, ms, seq, run_id, kind, at_ms, tenant, queue, None, due_ms, *common, node,

@@ -16,7 +16,14 @@ import structlog
 from redis.exceptions import RedisError
 
 from timewheel.archive import pg
-from timewheel.archive.events import StreamId, created_runs, parse_id
+from timewheel.archive.events import (
+    BATCHED,
+    BatchedRun,
+    StreamId,
+    batched_runs,
+    created_runs,
+    parse_id,
+)
 from timewheel.errors import ConfigError, PostgresUnavailable, RedisUnavailable
 from timewheel.store.shard import Store
 
@@ -36,15 +43,18 @@ class RunEvent:
     node: str | None = None
 
 
-def _event(kind: str, f: dict[bytes, bytes], attempt: int | None) -> RunEvent:
+def _event(
+    kind: str, f: dict[bytes, bytes], attempt: int | None, run: BatchedRun | None = None
+) -> RunEvent:
     """A RunEvent from an event-log entry's fields (`attempt` found by the caller: a
-    dispatched entry carries one per run)."""
+    dispatched entry carries one per run; `run`: the run's part of a batched entry)."""
+    error = f[b"error"].decode() if b"error" in f else None
     return RunEvent(
         kind=kind,
         at_ms=int(f[b"at"]),
         attempt=attempt,
         reason=f[b"reason"].decode() if b"reason" in f else None,
-        error=f[b"error"].decode() if b"error" in f else None,
+        error=run.error if run is not None else error,
         node=f[b"node"].decode() if f.get(b"node") else None,
     )
 
@@ -82,31 +92,44 @@ async def _from_redis(
         entries: Any = await store.client.xrange(store.keys.events(shard))
     except (RedisError, OSError) as exc:
         raise RedisUnavailable(f"cannot read the event log: {exc}") from exc
-    needle = run_id.encode()
     out: list[tuple[StreamId, str, RunEvent]] = []
     for entry_id, f in entries:
-        # A dispatched or created event lists runs of several tenants and names none
-        # (a created one names each run's); the run's other events name its tenant, and
-        # a run id is one tenant's (checked below).
-        if b"tenant" in f and f[b"tenant"] != tenant.encode():
-            continue
-        kind = f[b"e"].decode()
-        attempt: int | None = int(f[b"attempt"]) if b"attempt" in f else None
-        if kind == "created" and b"runs" in f:
-            if not any(rid == run_id and t == tenant for rid, t, _, _ in created_runs(f)):
-                continue
-        elif kind == "dispatched":
-            for item in f[b"runs"].split(b","):
-                rid, _, n = item.rpartition(b":")
-                if rid == needle:
-                    attempt = int(n)
-                    break
-            else:
-                continue
-        elif f.get(b"id") != needle:
-            continue
-        out.append((parse_id(entry_id), kind, _event(kind, f, attempt)))
+        event = _run_event(f, tenant, run_id)
+        if event is not None:
+            out.append((parse_id(entry_id), event.kind, event))
     return out
+
+
+def _run_event(f: dict[bytes, bytes], tenant: str, run_id: str) -> RunEvent | None:
+    """What an event-log entry says of one tenant's run, or None if it does not name it."""
+    # A dispatched entry lists runs of several tenants and names none; a created, acked
+    # or retry_scheduled one that lists runs names each run's tenant; the run's other
+    # events name its tenant in a field, and a run id is one tenant's (checked below).
+    if b"tenant" in f and f[b"tenant"] != tenant.encode():
+        return None
+    needle = run_id.encode()
+    kind = f[b"e"].decode()
+    if kind in BATCHED and b"runs" in f:
+        if needle in f[b"runs"]:
+            for run in batched_runs(kind, f):
+                if run.run_id == run_id and run.tenant == tenant:
+                    return _event(kind, f, run.attempt, run)
+        return None
+    attempt: int | None = int(f[b"attempt"]) if b"attempt" in f else None
+    if kind == "created" and b"runs" in f:
+        if not any(rid == run_id and t == tenant for rid, t, _, _ in created_runs(f)):
+            return None
+    elif kind == "dispatched":
+        for item in f[b"runs"].split(b","):
+            rid, _, n = item.rpartition(b":")
+            if rid == needle:
+                attempt = int(n)
+                break
+        else:
+            return None
+    elif f.get(b"id") != needle:
+        return None
+    return _event(kind, f, attempt)
 
 
 async def _from_postgres(
@@ -162,6 +185,12 @@ def _schedule_events(entries: Any, prefix: bytes) -> list[tuple[StreamId, str, R
                 if item.startswith(prefix):
                     rid, _, n = item.rpartition(b":")
                     found.append((parse_id(entry_id), rid.decode(), _event(kind, f, int(n))))
+        elif kind in BATCHED and b"runs" in f:
+            for run in batched_runs(kind, f):
+                if run.run_id.encode().startswith(prefix):
+                    found.append(
+                        (parse_id(entry_id), run.run_id, _event(kind, f, run.attempt, run))
+                    )
         elif f.get(b"id", b"").startswith(prefix):
             attempt = int(f[b"attempt"]) if b"attempt" in f else None
             found.append((parse_id(entry_id), f[b"id"].decode(), _event(kind, f, attempt)))

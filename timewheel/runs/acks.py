@@ -1,4 +1,4 @@
-"""Acknowledgements of finished runs, sent in pipelines.
+"""Acknowledgements of finished runs, sent in pipelines of one run_ack call per shard.
 
 A run is added once its handler has returned; nothing is acknowledged before that. The
 waiting acks go out as one pipeline when `batch` of them wait, or `delay_s` after the
@@ -9,6 +9,9 @@ Redis for long. A pipeline that fails is sent again after each of `retry_pauses_
 ack sent twice is harmless: the second finds its entry gone and answers stale); if it
 still fails, its runs are reported unrecorded, and the reaper retries them once their
 leases expire.
+
+Failed attempts go the same way in `FailureBatcher`: one run_fail call per shard for the
+failures that gathered.
 """
 
 from __future__ import annotations
@@ -18,12 +21,17 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from timewheel.errors import TimewheelError
 from timewheel.runs.delivery import Delivery
+from timewheel.runs.outcomes import FailResult, Failure
 
-ACK_BATCH = 64
-"""Acks per pipeline at most; a full batch is sent at once. 64 acks are about 15 KB:
-Redis reads a client's commands 16 KB at a time and fsyncs (appendfsync always) once per
-pass of its event loop, so a bigger pipeline would span passes, while pipelines on
-several connections share one pass."""
+ACK_BATCH = 200
+"""Acks per pipeline at most; a full batch is sent at once. A pipeline is one run_ack call
+per shard (lua/run_ack.lua takes many runs), so what a call writes once (the event-log
+entry, the expiry index, the usage counts, the call itself) is shared by the acks of its
+shard: the more acks, the less Redis time each. An ack is some 55 bytes of a call and a
+call's own part some 250: 200 acks spread over 16 shards are about 15 KB. Redis reads a
+client's commands 16 KB at a time and fsyncs (appendfsync always) once per pass of its
+event loop, so a bigger pipeline would span passes, while pipelines on several
+connections share one pass."""
 ACK_DELAY_S = 0.002
 """How long the first waiting ack waits for others before its pipeline goes."""
 ACK_PIPELINES = 4
@@ -121,3 +129,47 @@ class AckBatcher:
             self.flush()
             if self._tasks:
                 await asyncio.wait(set(self._tasks))
+
+
+FailSender = Callable[[Sequence[Failure]], Awaitable[list[FailResult]]]
+
+
+class FailureBatcher:
+    """Reports failed attempts together: the failures reported in one pass of the event
+    loop, or while a call is out, go as one `Outcomes.fail_many` pipeline (one run_fail
+    call per shard), at most `batch` at a time and one pipeline out at a time. Each
+    caller awaits its own run's answer; a pipeline that fails raises its error in each.
+    """
+
+    def __init__(self, send: FailSender, *, batch: int = ACK_BATCH) -> None:
+        self._send = send
+        self.batch = max(1, batch)
+        self._waiting: list[tuple[Failure, asyncio.Future[FailResult]]] = []
+        self._task: asyncio.Task[None] | None = None
+
+    async def fail(self, failure: Failure) -> FailResult:
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[FailResult] = loop.create_future()
+        self._waiting.append((failure, answer))
+        if self._task is None:
+            self._task = loop.create_task(self._pipelines())
+        return await answer
+
+    async def _pipelines(self) -> None:
+        try:
+            await asyncio.sleep(0)  # the failures of this pass of the loop join
+            while self._waiting:
+                batch = self._waiting[: self.batch]
+                del self._waiting[: self.batch]
+                try:
+                    results = await self._send([f for f, _ in batch])
+                except TimewheelError as exc:
+                    for _, answer in batch:
+                        if not answer.done():
+                            answer.set_exception(exc)
+                else:
+                    for (_, answer), result in zip(batch, results, strict=True):
+                        if not answer.done():
+                            answer.set_result(result)
+        finally:
+            self._task = None

@@ -2,13 +2,14 @@
 
 Where a run goes when its executor is done: `ack` (lua/run_ack.lua) marks it succeeded;
 `fail` (lua/run_fail.lua) puts it back into the wheel after backoff, or into the dead
-letters.
+letters. Both scripts take many runs of one shard in one call (`ack_many`, `fail_many`:
+one call per shard), and a single run is a call of one.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,30 +39,87 @@ class FailResult:
     dead_entry: str | None = None
 
 
-def _acked(run_id: str) -> Any:
+REPORTS_PER_CALL = 256
+"""Runs one run_ack or run_fail call reports at most (a worker's batch is smaller)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """A failed attempt to report: the delivery and what `Outcomes.fail` takes."""
+
+    delivery: Delivery
+    error: str
+    permanent: bool = False
+    delay_ms: int | None = None
+
+
+def _fail_result(reply: list[Any]) -> FailResult:
+    code = int(reply[0])
+    if code == RETRIED:
+        return FailResult("retry", due_ms=int(reply[1]))
+    if code == BURIED:
+        return FailResult("dead", dead_entry=reply[1].decode())
+    return FailResult("stale")
+
+
+def _one_ack(run_id: str) -> Any:
     def decode(reply: list[Any]) -> bool:
-        check(reply, run_id=run_id, action="ack")
+        check([reply[0]], run_id=run_id, action="ack")
         return int(reply[0]) == ACKED
 
     return decode
 
 
-def _ack_answer(reply: list[Any]) -> bool:
-    """An ack's answer in a batch: a run whose record is gone (purged) is not acknowledged."""
-    return int(reply[0]) == ACKED
-
-
-def _failed(run_id: str) -> Any:
+def _one_fail(run_id: str) -> Any:
     def decode(reply: list[Any]) -> FailResult:
-        check(reply, run_id=run_id, action="fail")
-        code = int(reply[0])
-        if code == RETRIED:
-            return FailResult("retry", due_ms=int(reply[1]))
-        if code == BURIED:
-            return FailResult("dead", dead_entry=reply[1].decode())
-        return FailResult("stale")
+        check(reply[0], run_id=run_id, action="fail")
+        return _fail_result(reply[0])
 
     return decode
+
+
+def _ack_codes(reply: list[Any]) -> list[bool]:
+    """A batched ack's answers: a run whose record is gone (purged) is not acknowledged."""
+    return [int(code) == ACKED for code in reply]
+
+
+def _fail_results(reply: list[Any]) -> list[FailResult]:
+    """A batched fail's answers: a run whose record is gone counts as stale."""
+    return [_fail_result(r) if int(r[0]) >= 0 else FailResult("stale") for r in reply]
+
+
+def by_shard(
+    deliveries: Sequence[Delivery], shard_of: Callable[[str], int], limit: int = REPORTS_PER_CALL
+) -> list[tuple[int, list[int]]]:
+    """The positions of `deliveries` grouped by shard (in order within each), at most
+    `limit` per group: each group is one call."""
+    groups: dict[int, list[int]] = {}
+    out: list[tuple[int, list[int]]] = []
+    for i, d in enumerate(deliveries):
+        shard = shard_of(d.stream)
+        group = groups.get(shard)
+        if group is None or len(group) >= limit:
+            group = groups[shard] = []
+            out.append((shard, group))
+        group.append(i)
+    return out
+
+
+def report_keys(
+    events: str, deliveries: Sequence[Delivery], positions: Sequence[int]
+) -> tuple[list[str], list[int]]:
+    """The KEYS of one batched report (the event log, then each stream once) and each
+    delivery's stream index among them (1 = KEYS[2])."""
+    keys, where = [events], []
+    index: dict[str, int] = {}
+    for i in positions:
+        stream = deliveries[i].stream
+        n = index.get(stream)
+        if n is None:
+            keys.append(stream)
+            n = index[stream] = len(keys) - 1
+        where.append(n)
+    return keys, where
 
 
 class Outcomes:
@@ -69,54 +127,68 @@ class Outcomes:
 
     def __init__(self, store: Store):
         self.store = store
-        self._ack_parts: dict[str, tuple[list[str], list[ScriptArg]]] = {}
-        """Per stream: an ack's KEYS and its trailing ARGV (the same for every ack)."""
 
-    def ack_call(self, delivery: Delivery, group: str, now_ms: int | None = None) -> Call[bool]:
+    def ack_call(
+        self, deliveries: Sequence[Delivery], group: str, now_ms: int | None = None
+    ) -> Call[list[bool]]:
+        """One run_ack call for deliveries of one shard (each answered as `ack_many` does)."""
         k = self.store.keys
-        shard = k.shard_of_key(delivery.stream)
-        return Call(
-            self.store.scripts.run_ack,
-            [delivery.stream, k.events(shard)],
-            [
-                group,
-                delivery.entry_id,
-                delivery.run_id,
-                delivery.attempt,
-                *self.store.shared(shard, now_ms),
-            ],
-            _acked(delivery.run_id),
-        )
+        shard = k.shard_of_key(deliveries[0].stream)
+        keys, where = report_keys(k.events(shard), deliveries, range(len(deliveries)))
+        args: list[ScriptArg] = [group, *self.store.shared(shard, now_ms)]
+        for d, n in zip(deliveries, where, strict=True):
+            args += [n, d.entry_id, d.run_id, d.attempt]
+        return Call(self.store.scripts.run_ack, keys, args, _ack_codes)
 
     async def ack(self, delivery: Delivery, group: str, *, now_ms: int | None = None) -> bool:
-        """Acknowledge a delivery: XACK + XDEL, state -> succeeded. False if it was stale."""
-        return await self.store.run(self.ack_call(delivery, group, now_ms))
+        """Acknowledge a delivery: XACK + XDEL, state -> succeeded. False if it was stale.
 
-    def ack_parts(self, stream: str) -> tuple[list[str], list[ScriptArg]]:
-        """An ack's KEYS and its trailing ARGV on a stream: the same for every ack there."""
-        parts = self._ack_parts.get(stream)
-        if parts is None:
-            k = self.store.keys
-            shard = k.shard_of_key(stream)
-            parts = ([stream, k.events(shard)], self.store.shared(shard, None))
-            self._ack_parts[stream] = parts
-        return parts
-
-    async def ack_many(self, deliveries: Sequence[Delivery], group: str) -> list[bool]:
-        """Acknowledge many deliveries in one pipeline; each answer as `ack` gives it.
-
-        A run whose record is gone (purged) counts as not acknowledged (False). The calls
-        are the ones `ack_call` builds, their KEYS and trailing ARGV kept per stream (a
-        worker acks tens of thousands of runs a second).
+        Raises:
+            TaskNotFound: the run has no record (purged).
         """
-        script, parts = self.store.scripts.run_ack, self.ack_parts
-        calls: list[Call[bool]] = []
-        for d in deliveries:
-            keys, tail = parts(d.stream)
-            args: list[ScriptArg] = [group, d.entry_id, d.run_id, d.attempt, *tail]
-            calls.append(Call(script, keys, args, _ack_answer))
+        call = self.ack_call([delivery], group, now_ms)
+        return await self.store.run(
+            Call(call.script, call.keys, call.args, _one_ack(delivery.run_id))
+        )
+
+    async def ack_many(
+        self, deliveries: Sequence[Delivery], group: str, *, now_ms: int | None = None
+    ) -> list[bool]:
+        """Acknowledge many deliveries, one run_ack call per shard, all in one pipeline;
+        each answer as `ack` gives it, and a run whose record is gone (purged) counts as
+        not acknowledged (False)."""
+        shard_of = self.store.keys.shard_of_key
+        groups = by_shard(deliveries, shard_of)
+        calls = [self.ack_call([deliveries[i] for i in pos], group, now_ms) for _, pos in groups]
         replies = await self.store.send(calls)
-        return [int(r[0]) == ACKED for r in replies]
+        answers = [False] * len(deliveries)
+        for (_, positions), reply in zip(groups, replies, strict=True):
+            for i, answer in zip(positions, _ack_codes(reply), strict=True):
+                answers[i] = answer
+        return answers
+
+    def fail_call(
+        self, failures: Sequence[Failure], group: str, now_ms: int | None = None
+    ) -> Call[list[FailResult]]:
+        """One run_fail call for failed attempts of one shard."""
+        k, s = self.store.keys, self.store.settings
+        shard = k.shard_of_key(failures[0].delivery.stream)
+        deliveries = [f.delivery for f in failures]
+        keys, where = report_keys(k.events(shard), deliveries, range(len(deliveries)))
+        args: list[ScriptArg] = [group, s.retry_defaults_json(), *self.store.shared(shard, now_ms)]
+        for f, n in zip(failures, where, strict=True):
+            d = f.delivery
+            args += [
+                n,
+                d.entry_id,
+                d.run_id,
+                d.attempt,
+                f.error[:MAX_ERROR_CHARS],
+                "1" if f.permanent else "0",
+                clock_arg(f.delay_ms),
+                repr(random.random()),
+            ]
+        return Call(self.store.scripts.run_fail, keys, args, _fail_results)
 
     async def fail(
         self,
@@ -136,27 +208,30 @@ class Outcomes:
             error: what went wrong, kept as last_error and in the dead letter.
             permanent: dead-letter at once, whatever attempts remain.
             delay_ms: wait this long instead of the policy's backoff (Retry-After).
+
+        Raises:
+            TaskNotFound: the run has no record (purged).
         """
-        k, s = self.store.keys, self.store.settings
-        shard = k.shard_of_key(delivery.stream)
-        call = Call(
-            self.store.scripts.run_fail,
-            [delivery.stream, k.events(shard)],
-            [
-                group,
-                delivery.entry_id,
-                delivery.run_id,
-                delivery.attempt,
-                error[:MAX_ERROR_CHARS],
-                "1" if permanent else "0",
-                clock_arg(delay_ms),
-                repr(random.random()),
-                s.retry_defaults_json(),
-                *self.store.shared(shard, now_ms),
-            ],
-            _failed(delivery.run_id),
+        call = self.fail_call([Failure(delivery, error, permanent, delay_ms)], group, now_ms)
+        return await self.store.run(
+            Call(call.script, call.keys, call.args, _one_fail(delivery.run_id))
         )
-        return await self.store.run(call)
+
+    async def fail_many(
+        self, failures: Sequence[Failure], group: str, *, now_ms: int | None = None
+    ) -> list[FailResult]:
+        """Report many failed attempts, one run_fail call per shard, all in one pipeline;
+        each answer as `fail` gives it, and a run whose record is gone counts as stale."""
+        shard_of = self.store.keys.shard_of_key
+        deliveries = [f.delivery for f in failures]
+        groups = by_shard(deliveries, shard_of)
+        calls = [self.fail_call([failures[i] for i in pos], group, now_ms) for _, pos in groups]
+        replies = await self.store.send(calls)
+        results = [FailResult("stale")] * len(failures)
+        for (_, positions), reply in zip(groups, replies, strict=True):
+            for i, result in zip(positions, _fail_results(reply), strict=True):
+                results[i] = result
+        return results
 
     async def extend_lease(self, delivery: Delivery, group: str, consumer: str) -> bool:
         """Reset the entry's idle time (XCLAIM JUSTID by its own consumer), so the reaper

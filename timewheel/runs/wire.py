@@ -2,11 +2,11 @@
 
 A worker reads and acknowledges every run, so it skips redis-py's layers per command
 and per reply, which cost more than the rest of a run's bookkeeping: XREADGROUP is one
-command packed by hiredis, its reply decoded by position (runs/delivery.py), and a
-pipeline of run_ack calls is packed from bytes kept per stream, its replies taken from
-the connection's hiredis reader in one loop. Connections come from the client's pool, as
-in store/pipeline.py, and are kept while the worker runs. On a Cluster the worker uses the
-ordinary calls instead.
+command packed by hiredis, its reply decoded by position (runs/delivery.py), and a batch
+of acks is one run_ack call per shard, packed by hiredis and sent as one pipeline, its
+replies taken from the connection's hiredis reader in one loop. Connections come from
+the client's pool, as in store/pipeline.py, and are kept while the worker runs. On a
+Cluster the worker uses the ordinary calls instead.
 
 The Lua functions are the same ones `Outcomes` calls; an ack the server refuses because
 it lacks the library (a new or emptied server) goes through `Outcomes.ack_many`, which
@@ -26,7 +26,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from timewheel.errors import RedisUnavailable
 from timewheel.runs.delivery import Delivery, parse_fields
-from timewheel.runs.outcomes import ACKED, Outcomes
+from timewheel.runs.outcomes import ACKED, Outcomes, by_shard, report_keys
 from timewheel.store.connection import SOCKET_TIMEOUT_S
 from timewheel.store.library import is_missing_function
 
@@ -34,14 +34,6 @@ try:  # the end-of-buffer marker of redis-py's hiredis parser (redis-py >= 5)
     from redis._parsers.hiredis import NOT_ENOUGH_DATA
 except ImportError:  # pragma: no cover - other versions: per-reply reads below
     NOT_ENOUGH_DATA = object()
-
-
-def _bulk(text: bytes) -> bytes:
-    return b"$%d\r\n%b\r\n" % (len(text), text)
-
-
-def _arg(value: object) -> bytes:
-    return value if isinstance(value, bytes) else str(value).encode()
 
 
 class Wire:
@@ -58,9 +50,8 @@ class Wire:
         self._held: list[Any] = []
         """The connections taken from the pool (at most one per call in flight)."""
         self._idle: list[Any] = []
-        self._ack_bytes: dict[str, tuple[bytes, bytes]] = {}
-        """Per stream: the bytes of a run_ack call before its entry id, and after its
-        attempt."""
+        self._ack_heads: dict[int, list[Any]] = {}
+        """Per shard: a run_ack call's event log key, group and shared arguments."""
 
     async def read(
         self, count: int, streams: Sequence[str], block_ms: int | None
@@ -83,41 +74,38 @@ class Wire:
                 out.append((stream, [parse_fields(stream, eid, f) for eid, f in entries]))
         return out
 
-    def _ack_parts(self, stream: str) -> tuple[bytes, bytes]:
-        parts = self._ack_bytes.get(stream)
-        if parts is None:
-            keys, tail = self.outcomes.ack_parts(stream)
-            head = [b"FCALL", self._function, b"%d" % len(keys), *map(_arg, keys), _arg(self.group)]
-            argc = len(head) + 3 + len(tail)
-            parts = (
-                b"*%d\r\n" % argc + b"".join(map(_bulk, head)),
-                b"".join(_bulk(_arg(t)) for t in tail),
-            )
-            self._ack_bytes[stream] = parts
-        return parts
+    def _ack_head(self, shard: int) -> list[Any]:
+        """A run_ack call's arguments on a shard before its streams' keys count."""
+        head = self._ack_heads.get(shard)
+        if head is None:
+            store = self.outcomes.store
+            head = [store.keys.events(shard), self.group, *store.shared(shard, None)]
+            self._ack_heads[shard] = head
+        return head
 
     async def ack_many(self, deliveries: Sequence[Delivery]) -> list[bool]:
-        """run_ack of each delivery in one pipeline; True acked, False stale or gone."""
+        """Acks of many deliveries: one run_ack call per shard, all in one pipeline; True
+        acked, False stale or gone."""
+        groups = by_shard(deliveries, self.outcomes.store.keys.shard_of_key)
         chunks: list[bytes] = []
-        parts = self._ack_parts
-        for d in deliveries:
-            head, tail = parts(d.stream)
-            entry, run, attempt = d.entry_id.encode(), d.run_id.encode(), b"%d" % d.attempt
-            chunks.append(
-                b"%b$%d\r\n%b\r\n$%d\r\n%b\r\n$%d\r\n%b\r\n%b"
-                % (head, len(entry), entry, len(run), run, len(attempt), attempt, tail)
-            )
-        replies = await self._exchange(b"".join(chunks), len(deliveries), None)
-        answers: list[bool] = []
+        for shard, positions in groups:
+            events, *args = self._ack_head(shard)
+            keys, where = report_keys(events, deliveries, positions)
+            for i, n in zip(positions, where, strict=True):
+                d = deliveries[i]
+                args += [n, d.entry_id, d.run_id, d.attempt]
+            chunks.append(hiredis.pack_command((b"FCALL", self._function, len(keys), *keys, *args)))
+        replies = await self._exchange(b"".join(chunks), len(chunks), None)
+        answers = [False] * len(deliveries)
         missing: list[int] = []
-        for i, reply in enumerate(replies):
+        for (_, positions), reply in zip(groups, replies, strict=True):
             if isinstance(reply, list):
-                answers.append(int(reply[0]) == ACKED)
+                for i, code in zip(positions, reply, strict=True):
+                    answers[i] = int(code) == ACKED
                 continue
             if not is_missing_function(reply):
                 raise RedisUnavailable(f"run_ack failed: {reply}")
-            missing.append(i)
-            answers.append(False)
+            missing += positions
         if missing:  # the server lacks the library: the ordinary path loads it
             again = await self.outcomes.ack_many([deliveries[i] for i in missing], self.group)
             for i, answer in zip(missing, again, strict=True):

@@ -50,11 +50,11 @@ import structlog
 from timewheel.config import Settings
 from timewheel.errors import ConfigError, PermanentError, RedisUnavailable, TimewheelError
 from timewheel.ids import validate_name
-from timewheel.runs.acks import ACK_BATCH, ACK_DELAY_S, ACK_PIPELINES, AckBatcher
+from timewheel.runs.acks import ACK_BATCH, ACK_DELAY_S, ACK_PIPELINES, AckBatcher, FailureBatcher
 from timewheel.runs.delivery import Delivery, parse_entry
 from timewheel.runs.failures import TRACEBACKS_PER_S, FailureLog, handler_name
 from timewheel.runs.metrics import PairStats, WorkerMetrics
-from timewheel.runs.outcomes import Outcomes
+from timewheel.runs.outcomes import FailResult, Failure, Outcomes
 from timewheel.runs.signals import Retry
 from timewheel.runs.wire import Wire
 from timewheel.store.connection import UNREACHABLE, torn_connection
@@ -195,6 +195,7 @@ class Worker:
         self._drained: asyncio.Future[None] | None = None
         self._failing: set[asyncio.Task[str]] = set()
         self._acks: AckBatcher | None = None
+        self._fails: FailureBatcher | None = None
         self._failures = FailureLog("", tracebacks_per_s)
         self._offset_ms = 0.0
 
@@ -648,7 +649,12 @@ class Worker:
         else:
             error, permanent, delay_s = f"{type(exc).__name__}: {exc}", False, None
         try:
-            outcome = await self.fail(delivery, error, permanent=permanent, delay_s=delay_s)
+            if self._fails is None:
+                outcome = await self.fail(delivery, error, permanent=permanent, delay_s=delay_s)
+            else:  # inside `run`: with the other failures of the moment, one call per shard
+                delay_ms = None if delay_s is None else max(0, round(delay_s * 1000))
+                failure = Failure(delivery, error, permanent, delay_ms)
+                outcome = (await self._fails.fail(failure)).outcome
         except TimewheelError as err:
             log.warning("outcome_not_recorded", run_id=delivery.run_id, error=str(err))
             outcome = "unrecorded"
@@ -693,6 +699,9 @@ class Worker:
         self._owned -= released
         if self._reader_waiting is not None and self._room() >= self._read_min:
             self._wake_reader()
+
+    async def _send_failures(self, batch: Sequence[Failure]) -> list[FailResult]:
+        return await self.outcomes.fail_many(batch, self.group)
 
     async def _send_acks(self, batch: Sequence[Delivery]) -> list[bool]:
         if self._wire is not None:
@@ -772,6 +781,7 @@ class Worker:
             delay_s=self._ack_delay_s,
             max_in_flight=self._ack_pipelines,
         )
+        self._fails = FailureBatcher(self._send_failures, batch=self._ack_batch)
         keeper = asyncio.create_task(self._keep_leases())
         runners: list[asyncio.Task[None]] = []
         if is_async_handler(handler):
@@ -818,7 +828,7 @@ class Worker:
                 keeper.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await keeper
-                self._acks = None
+                self._acks = self._fails = None
                 if self._wire is not None:
                     await self._wire.close()
                 log.info(

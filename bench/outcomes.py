@@ -1,0 +1,185 @@
+"""Redis's time per run in run_ack and in run_fail's retry path, from INFO commandstats.
+
+A fresh redis-server (AOF appendfsync always), 64 shards, ONE tenant spread over 16
+shards, 100-byte payloads, as bench/worker.py. `runs` runs are created due now, dispatched
+by ticking every shard, read by XREADGROUP in a consumer group, then reported in batches
+of `batch` deliveries mixed over the tenant's 16 streams (as a worker's acks come back):
+first acked, then (a second set of runs) failed with retries left. Only those calls run
+while commandstats is sampled, so FCALL's microseconds per run are the call's, nested
+commands included; the nested commands are listed too.
+
+The batches go the way the code under PYTHONPATH sends them: `Outcomes.ack_many`, and
+`Outcomes.fail_many` where it exists, else one `Outcomes.fail` per run (all at once, one
+round trip each). So with PYTHONPATH set to another checkout it measures that checkout's
+scripts and calls (an A/B comparison).
+
+Run:  .venv/bin/python bench/outcomes.py [--runs 20000] [--batch 64] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import redis.asyncio as aioredis
+from dispatch import payload_json, server_ms
+
+from timewheel.config import Settings
+from timewheel.engine import Engine
+from timewheel.runs.delivery import Delivery, parse_entry
+from timewheel.store.server import RedisServer
+from timewheel.tasks.model import NewTask
+
+RESULTS = Path(__file__).resolve().parent / "results" / "outcomes.json"
+SHARDS, SPREAD, TENANT, GROUP = 64, 16, "bench", "timewheel"
+
+
+async def command_usec(client: aioredis.Redis) -> dict[str, tuple[float, float]]:
+    """Per command: microseconds and calls so far (INFO commandstats); and Redis's CPU
+    seconds (user + sys, INFO cpu) as "cpu"."""
+    stats: dict[str, Any] = await client.info("commandstats")
+    cpu: dict[str, Any] = await client.info("cpu")
+    out = {
+        k.removeprefix("cmdstat_"): (float(v["usec"]), float(v["calls"])) for k, v in stats.items()
+    }
+    out["cpu"] = ((float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])) * 1e6, 0.0)
+    return out
+
+
+def share(
+    before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]], runs: int
+) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, (usec, calls) in after.items():
+        b_usec, b_calls = before.get(name, (0.0, 0.0))
+        if usec - b_usec > 0:
+            out[name] = {
+                "us_per_run": round((usec - b_usec) / runs, 2),
+                "calls_per_run": round((calls - b_calls) / runs, 3),
+            }
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]["us_per_run"]))
+
+
+async def dispatched(engine: Engine, runs: int) -> list[Delivery]:
+    """`runs` runs created due now, dispatched, and read in the consumer group (shuffled,
+    as acks come back from a worker reading 16 streams)."""
+    client = engine.client
+    assert isinstance(client, aioredis.Redis)
+    now = await server_ms(client)
+    for start in range(0, runs, 1000):
+        batch = [
+            NewTask(tenant=TENANT, payload_json=payload_json(i), run_at_ms=now)
+            for i in range(start, min(runs, start + 1000))
+        ]
+        await engine.tasks.create_many(batch)
+    later = await server_ms(client) + 10
+    total = 0
+    for shard in range(SHARDS):
+        await engine.dispatch.promote(shard, now_ms=later)
+        while (n := (await engine.dispatch.tick(shard, now_ms=later)).dispatched) > 0:
+            total += n
+    out: list[Delivery] = []
+    for shard in engine.store.shards_of(TENANT):
+        stream = engine.keys.stream(shard, TENANT, "default")
+        await engine.outcomes.register_group(stream, GROUP)
+        while True:
+            reply: Any = await client.xreadgroup(GROUP, "bench", {stream: ">"}, count=5000)
+            if not reply:
+                break
+            for name, entries in reply:
+                out.extend(parse_entry(name.decode(), eid, f) for eid, f in entries)
+    if len(out) != runs:
+        raise RuntimeError(f"read {len(out)} of {runs} runs ({total} dispatched)")
+    random.Random(7).shuffle(out)
+    return out
+
+
+async def report(url: str, runs: int, batch: int) -> dict[str, Any]:
+    settings = Settings(redis_url=url, prefix="ob", shards=SHARDS, default_spread=SPREAD)
+    engine = await Engine.connect(settings)
+    client = engine.client
+    assert isinstance(client, aioredis.Redis)
+    outcomes = engine.outcomes
+    result: dict[str, Any] = {"runs": runs, "batch": batch}
+    try:
+        await engine.store.scripts.library.load(client)
+        acks = await dispatched(engine, runs)
+        before, t0 = await command_usec(client), time.perf_counter()
+        acked = 0
+        for i in range(0, runs, batch):
+            acked += sum(await outcomes.ack_many(acks[i : i + batch], GROUP))
+        seconds, after = time.perf_counter() - t0, await command_usec(client)
+        result["ack"] = {
+            "acked": acked,
+            "seconds": round(seconds, 2),
+            "commands": share(before, after, runs),
+        }
+
+        fails = await dispatched(engine, runs)
+        many = getattr(outcomes, "fail_many", None)
+        before, t0 = await command_usec(client), time.perf_counter()
+        retried = 0
+        for i in range(0, runs, batch):
+            chunk = fails[i : i + batch]
+            if many is not None:
+                from timewheel.runs.outcomes import Failure
+
+                results = await many([Failure(d, "RuntimeError: bench") for d in chunk], GROUP)
+            else:
+                results = await asyncio.gather(
+                    *(outcomes.fail(d, GROUP, "RuntimeError: bench") for d in chunk)
+                )
+            retried += sum(1 for r in results if r.outcome == "retry")
+        seconds, after = time.perf_counter() - t0, await command_usec(client)
+        result["fail"] = {
+            "retried": retried,
+            "seconds": round(seconds, 2),
+            "commands": share(before, after, runs),
+        }
+    finally:
+        await engine.close()
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=20_000)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        server = RedisServer(Path(tmp) / "redis", appendfsync="always")
+        server.start()
+        try:
+            result = asyncio.run(report(server.url, args.runs, args.batch))
+        finally:
+            server.stop()
+            shutil.rmtree(tmp, ignore_errors=True)
+    for part, counted in (("ack", "acked"), ("fail", "retried")):
+        r = result[part]
+        fcall = r["commands"].get("fcall", {}).get("us_per_run")
+        calls = r["commands"].get("fcall", {}).get("calls_per_run")
+        print(
+            f"{part}: FCALL {fcall} us/run ({calls} calls/run), Redis CPU "
+            f"{r['commands']['cpu']['us_per_run']} us/run, {r[counted]}/{args.runs} {counted}, "
+            f"{r['seconds']} s; nested: "
+            + ", ".join(
+                f"{k} {v['us_per_run']}"
+                for k, v in r["commands"].items()
+                if k not in ("fcall", "cpu")
+            ),
+            flush=True,
+        )
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

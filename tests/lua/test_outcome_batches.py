@@ -1,0 +1,223 @@
+"""run_ack and run_fail take many runs of one shard in one call: each run is answered on
+its own (acked, retried, buried, stale, not found) and fenced by its attempt; what a
+batch shares (the entries' XACK and XDEL, the expiry index, the usage counts, the event
+log entry) is written once and stays exact. Standalone and Cluster."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections import Counter
+from typing import Any
+
+from timewheel.archive.events import batched_runs
+from timewheel.archive.history import run_history
+from timewheel.engine import Engine
+from timewheel.runs.delivery import Delivery, parse_entry
+from timewheel.runs.outcomes import Failure
+from timewheel.tasks.model import NewTask
+from timewheel.testing.clock import NOW
+from timewheel.testing.dispatch import prime, tick_all
+
+GROUP = "g"
+TENANT = "acme"
+
+
+async def read_all(engine: Engine, tenants: tuple[str, ...] = (TENANT,)) -> list[Delivery]:
+    """Dispatch every run due and read them all in the consumer group (so they are pending)."""
+    await prime(engine, NOW)
+    await tick_all(engine, NOW + 1000)
+    out: list[Delivery] = []
+    for tenant, shard in ((t, s) for t in tenants for s in engine.store.shards_of(t)):
+        stream = engine.keys.stream(shard, tenant, "default")
+        await engine.outcomes.register_group(stream, GROUP)
+        reply: Any = await engine.client.xreadgroup(GROUP, "c", {stream: ">"}, count=1000)
+        for name, entries in reply or []:
+            key = name.decode() if isinstance(name, bytes) else name
+            out.extend(parse_entry(key, eid, f) for eid, f in entries)
+    return out
+
+
+async def one_shard(engine: Engine, runs: int, payload: str = '"p"') -> list[Delivery]:
+    """At least `runs` deliveries of one shard (the tenant's runs spread over several)."""
+    await engine.tasks.create_many(
+        [
+            NewTask(tenant=TENANT, payload_json=payload, run_at_ms=NOW + 100)
+            for _ in range(runs * 12)
+        ]
+    )
+    delivered = await read_all(engine)
+    shard, _ = Counter(engine.keys.shard_of_key(d.stream) for d in delivered).most_common(1)[0]
+    mine = [d for d in delivered if engine.keys.shard_of_key(d.stream) == shard]
+    assert len(mine) >= runs
+    return mine
+
+
+def unknown(d: Delivery) -> Delivery:
+    """A delivery naming a run id of the same shard that has no record."""
+    swap = "x" if d.run_id[5] != "x" else "y"
+    return dataclasses.replace(d, run_id=d.run_id[:5] + swap + d.run_id[6:], entry_id="1-1")
+
+
+async def events(engine: Engine, shard: int, kind: str) -> list[dict[bytes, bytes]]:
+    entries: Any = await engine.client.xrange(engine.keys.events(shard))
+    return [f for _, f in entries if f[b"e"] == kind.encode()]
+
+
+async def usage(engine: Engine, shard: int) -> dict[str, int]:
+    raw: Any = await engine.client.hgetall(engine.keys.usage(shard, TENANT))
+    return {k.decode(): int(v) for k, v in raw.items()}
+
+
+async def test_a_batch_of_acks_answers_each_run_and_writes_what_they_share_once(
+    engine: Engine,
+) -> None:
+    d1, d2, d3, d4 = (await one_shard(engine, 4, payload='"four"'))[:4]
+    shard = engine.keys.shard_of_key(d1.stream)
+    before = await usage(engine, shard)
+    assert await engine.outcomes.ack(d4, GROUP, now_ms=NOW + 1100)  # finished before the batch
+    stale = dataclasses.replace(d3, attempt=d3.attempt + 1)  # an attempt that is not out
+    batch = [d1, d2, d1, stale, d4, unknown(d1)]
+    call = engine.outcomes.ack_call(batch, GROUP, now_ms=NOW + 1200)
+    reply: Any = await engine.store.run(dataclasses.replace(call, decode=lambda r: r))
+    assert [int(c) for c in reply] == [1, 1, 0, 0, 0, -1]
+    for d, state in ((d1, "succeeded"), (d2, "succeeded"), (d3, "dispatched")):
+        assert (await engine.tasks.get(TENANT, d.run_id)).state == state
+    # Every entry named was acknowledged and deleted, the stale one's too (as before).
+    pending: Any = await engine.client.xpending(d1.stream, GROUP)
+    assert pending["pending"] == len(await read_left(engine, d1.stream))
+    assert {d1.entry_id, d2.entry_id, d3.entry_id} & set(
+        await read_left(engine, d1.stream)
+    ) == set()
+    # Usage: exactly the three runs acked (d4 alone, then d1 and d2) stop counting.
+    after = await usage(engine, shard)
+    assert after["q:default"] == before["q:default"] - 3
+    assert after["bytes"] == before["bytes"] - 3 * len('"four"')
+    # One event-log entry for the batch, naming each run acked once, with its tenant.
+    [single, batched] = await events(engine, shard, "acked")
+    assert [(r.run_id, r.tenant, r.attempt) for r in batched_runs("acked", batched)] == [
+        (d1.run_id, TENANT, 1),
+        (d2.run_id, TENANT, 1),
+    ]
+    assert int(batched[b"at"]) == NOW + 1200
+    assert [r.run_id for r in batched_runs("acked", single)] == [d4.run_id]
+    history = await run_history(engine.store, TENANT, d1.run_id)
+    assert [(e.kind, e.attempt) for e in history][-1] == ("acked", 1)
+    # Finished records are indexed for expiry, in the batch's finish bucket.
+    bucket = (NOW + 1200) - (NOW + 1200) % engine.settings.bucket_ms
+    retained: Any = await engine.client.hkeys(engine.keys.tag(shard) + f"x:{bucket}")
+    assert {d1.run_id, d2.run_id} <= {k.decode() for k in retained}
+    # The same batch again: every run answers stale (or not found), nothing changes.
+    assert await engine.outcomes.ack_many(batch, GROUP, now_ms=NOW + 1300) == [False] * 6
+    assert await usage(engine, shard) == after
+    assert len(await events(engine, shard, "acked")) == 2
+
+
+async def read_left(engine: Engine, stream: str) -> list[str]:
+    entries: Any = await engine.client.xrange(stream)
+    return [eid.decode() for eid, _ in entries]
+
+
+async def test_acks_of_many_shards_go_one_call_per_shard(engine: Engine) -> None:
+    tenants = tuple(f"t{i}" for i in range(8))
+    await engine.tasks.create_many(
+        [NewTask(tenant=tenants[i % 8], payload_json="1", run_at_ms=NOW + 100) for i in range(40)]
+    )
+    delivered = await read_all(engine, tenants)
+    shards = {engine.keys.shard_of_key(d.stream) for d in delivered}
+    assert len(shards) > 1
+    assert await engine.outcomes.ack_many(delivered, GROUP, now_ms=NOW + 1200) == [True] * 40
+    entries = 0
+    for shard in shards:
+        [entry] = await events(engine, shard, "acked")
+        entries += len(batched_runs("acked", entry))
+    assert entries == 40
+    for d in delivered:
+        assert (await engine.tasks.get(d.tenant, d.run_id)).state == "succeeded"
+
+
+async def test_a_batch_of_failures_retries_buries_and_refuses_each_run_on_its_own(
+    engine: Engine,
+) -> None:
+    d1, d2, d3, d4 = (await one_shard(engine, 4))[:4]
+    shard = engine.keys.shard_of_key(d1.stream)
+    stale = dataclasses.replace(d4, attempt=2)
+    failures = [
+        Failure(d1, "RuntimeError: one"),
+        Failure(d2, "RuntimeError: two", delay_ms=5_000),
+        Failure(d1, "again"),  # the same run, already retried in this call
+        Failure(d3, "ValueError: bad", permanent=True),
+        Failure(stale, "late"),
+        Failure(unknown(d1), "gone"),
+    ]
+    call = engine.outcomes.fail_call(failures, GROUP, now_ms=NOW + 1200)
+    reply: Any = await engine.store.run(dataclasses.replace(call, decode=lambda r: r))
+    assert [int(r[0]) for r in reply] == [1, 1, 0, 2, 0, -1]
+    assert int(reply[1][1]) == NOW + 1200 + 5_000
+    t1 = await engine.tasks.get(TENANT, d1.run_id)
+    t2 = await engine.tasks.get(TENANT, d2.run_id)
+    assert (t1.state, t1.attempt, t1.last_error) == ("scheduled", 1, "RuntimeError: one")
+    assert (t2.state, t2.due_ms) == ("scheduled", NOW + 6_200)
+    assert (await engine.tasks.get(TENANT, d3.run_id)).state == "dead"
+    assert (await engine.tasks.get(TENANT, d4.run_id)).state == "dispatched"
+    dead: Any = await engine.client.xrange(engine.keys.dead(shard, TENANT))
+    assert [f[b"run_id"].decode() for _, f in dead] == [d3.run_id]
+    # One retry_scheduled entry for both retries, each with its own error and due time.
+    [retried] = await events(engine, shard, "retry_scheduled")
+    assert json.loads(retried[b"errors"]) == ["RuntimeError: one", "RuntimeError: two"]
+    runs = batched_runs("retry_scheduled", retried)
+    assert [(r.run_id, r.tenant, r.attempt, r.error) for r in runs] == [
+        (d1.run_id, TENANT, 1, "RuntimeError: one"),
+        (d2.run_id, TENANT, 1, "RuntimeError: two"),
+    ]
+    assert runs[1].due_ms == NOW + 6_200
+    [buried] = await events(engine, shard, "dead")
+    assert buried[b"id"].decode() == d3.run_id
+    history = await run_history(engine.store, TENANT, d2.run_id)
+    assert [(e.kind, e.error) for e in history][-1] == ("retry_scheduled", "RuntimeError: two")
+    # The retries go out again at their next attempt, and their acks are fenced by it.
+    await prime(engine, NOW + 1_000_000)
+    await tick_all(engine, NOW + 1_000_000)
+    again: Any = await engine.client.xreadgroup(GROUP, "c", {d1.stream: ">"}, count=100)
+    redelivered = [parse_entry(d1.stream, eid, f) for eid, f in again[0][1]]
+    assert sorted((d.run_id, d.attempt) for d in redelivered) == sorted(
+        [(d1.run_id, 2), (d2.run_id, 2)]
+    )
+    late = dataclasses.replace(redelivered[0], attempt=1)
+    assert await engine.outcomes.ack_many([late, *redelivered], GROUP) == [False, True, True]
+
+
+async def test_retries_with_one_error_share_it_and_usage_stays_until_buried(
+    engine: Engine,
+) -> None:
+    d1, d2 = (await one_shard(engine, 2))[:2]
+    shard = engine.keys.shard_of_key(d1.stream)
+    before = await usage(engine, shard)
+    results = await engine.outcomes.fail_many(
+        [Failure(d1, "TimeoutError: slow"), Failure(d2, "TimeoutError: slow")],
+        GROUP,
+        now_ms=NOW + 1200,
+    )
+    assert [r.outcome for r in results] == ["retry", "retry"]
+    [retried] = await events(engine, shard, "retry_scheduled")
+    assert retried[b"error"] == b"TimeoutError: slow" and b"errors" not in retried
+    assert await usage(engine, shard) == before  # a retried run still counts
+
+
+async def test_a_late_ack_in_a_batch_ends_the_run_whose_retry_waits_in_the_wheel(
+    engine: Engine,
+) -> None:
+    d1, d2, d3 = (await one_shard(engine, 3))[:3]
+    shard = engine.keys.shard_of_key(d1.stream)
+    [retry] = await engine.outcomes.fail_many(
+        [Failure(d1, "lease lost", delay_ms=0)], GROUP, now_ms=NOW + 1100
+    )
+    assert retry.outcome == "retry"
+    near = engine.keys.tag(shard) + f"near:{TENANT}"
+    assert await engine.client.zscore(near, d1.run_id) is not None  # waits in the near level
+    # The attempt that was given up on reports success after all, beside two others.
+    answers = await engine.outcomes.ack_many([d2, d1, d3, d1], GROUP, now_ms=NOW + 1200)
+    assert answers == [True, True, True, False]
+    assert (await engine.tasks.get(TENANT, d1.run_id)).state == "succeeded"
+    assert await engine.client.zscore(near, d1.run_id) is None  # the retry is dropped
+    assert await tick_all(engine, NOW + 10_000) == 0
