@@ -68,6 +68,7 @@ class AuditPass:
         shards: Iterable[int] | None = None,
         repair: bool = False,
         keep: int = 1000,
+        live: Iterable[str] | None = None,
     ) -> None:
         self.store = store
         self.options = options or AuditOptions()
@@ -78,6 +79,7 @@ class AuditPass:
         self.repairer = Repairer(self.calls) if repair else None
         self.examined = Examined()
         self.discovery = KeyDiscovery(store, self.shards)
+        self.live = None if live is None else frozenset(live)
         self._waiting = deque(self.shards)
         self._current: ShardAudit | None = None
         self._started = time.monotonic()
@@ -93,7 +95,8 @@ class AuditPass:
             await self.repairer.repair(finding)
 
     def _audit(self, shard: int) -> ShardAudit:
-        return ShardAudit(self.calls, shard, self.pass_id, self.discovery.take(shard), self._found)
+        keys = self.discovery.take(shard)
+        return ShardAudit(self.calls, shard, self.pass_id, keys, self._found, self.live)
 
     def _finished(self, audit: ShardAudit) -> None:
         self.examined.add(audit.examined)

@@ -91,8 +91,19 @@ class _Cursor:
 class ShardAudit:
     """One shard's part of an audit pass."""
 
-    def __init__(self, calls: AuditCalls, shard: int, pass_id: str, keys: ShardKeys, sink: Sink):
+    def __init__(
+        self,
+        calls: AuditCalls,
+        shard: int,
+        pass_id: str,
+        keys: ShardKeys,
+        sink: Sink,
+        live: frozenset[str] | None = None,
+    ):
         self.calls = calls
+        self.live = live
+        """The live scheduler nodes, when the caller knows them (the continuous auditor):
+        then a shard without a live lease holder is a finding."""
         self.store: Store = calls.store
         self.shard = shard
         self.sink = sink
@@ -143,6 +154,7 @@ class ShardAudit:
         phase = self.phase
         if phase is Phase.VIEW:
             self.view = await self.store.run(self.calls.shard(self.shard))
+            await self._check_owner(self.view)
             self._next_phase()
             return 1
         if phase is Phase.RECORDS:
@@ -158,6 +170,20 @@ class ShardAudit:
         if phase is Phase.SCHEDULES:
             return await self._schedules_step()
         return 0
+
+    async def _check_owner(self, view: ShardView) -> None:
+        """shard_unowned, when the caller knows the live nodes (a pass run by hand has no
+        fleet to compare with: single-process and unfenced deployments hold no leases):
+        no lease, or one whose node is not alive."""
+        if self.live is None:
+            return
+        if not view.lease:
+            detail = "no scheduler node holds the shard's lease"
+        elif view.lease.rpartition("/")[0] not in self.live:
+            detail = f"its lease names {view.lease}, which is not among the live nodes"
+        else:
+            return
+        await self.sink(Finding(Kind.SHARD_UNOWNED, self.shard, "", "", detail, "unowned"))
 
     async def _records(self) -> int:
         at = self._at
