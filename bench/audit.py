@@ -23,7 +23,9 @@ turn (A B, B A, ...), each on a fresh in-process scheduler node (a node id, leas
 auditor lease): --runs due runs drained (throughput), then --rate creates a second due
 1 s after their create for --seconds (lag = dispatched_ms - due_ms from the ready
 streams). With the auditor the node runs the defaults (a pass per 60 s, 1,000 a step,
-its first pass's steps 50 ms apart, canaries every 10 s). Writes audit-continuous.json.
+its first pass's steps 50 ms apart, canaries every 10 s), started --warmup seconds before
+the drain so that it is reading records, past its SCAN, while the node dispatches; the
+rounds without it wait as long. Writes audit-continuous.json.
 
 Run:  .venv/bin/python bench/audit.py                    (1,000,000 tasks)
       .venv/bin/python bench/audit.py --tasks 5000000    (about 1 GiB of Redis memory, 5 min)
@@ -270,54 +272,68 @@ async def measure(url: str, prefix: str, parallel: int) -> dict[str, Any]:
 
 
 async def _node_round(
-    url: str, base: Settings, auditor: bool, runs: int, rate: int, seconds: float, name: str
+    url: str, base: Settings, auditor: bool, args: argparse.Namespace, name: str
 ) -> dict[str, Any]:
-    """One round on one scheduler node (in this process, leases and all): `runs` due runs
-    drained (throughput), then `rate` creates a second due 1 s after their create for
-    `seconds` (lag from the ready streams). With `auditor`, the node holds the auditor
-    lease and audits (defaults: 60 s interval, 1,000 a step) and sends canaries."""
+    """One round on one scheduler node, in this process: `--runs` due runs drained
+    (throughput), then `--rate` creates a second due 1 s after their create for
+    `--seconds` (lag from the ready streams). With `auditor`, the node's continuous
+    auditor (the defaults: a pass per 60 s, 1,000 a step, canaries every 10 s) holds its
+    lease from `--warmup` seconds before the drain, so it is into its pass (past the
+    SCAN, reading records) while the node dispatches; without, the node waits as long."""
     from dispatch import load_due
+    from prometheus_client import CollectorRegistry
 
+    from timewheel.audit.continuous import ContinuousAuditor
+    from timewheel.dispatch.metrics import AuditorMetrics
     from timewheel.dispatch.scheduler import Scheduler
 
-    settings = dataclasses.replace(base, audit_interval_ms=60_000 if auditor else 0)
+    settings = dataclasses.replace(base, audit_interval_ms=60_000)
     engine = await Engine.connect(settings)
     client: aioredis.Redis = engine.client  # type: ignore[assignment]
+    stop = asyncio.Event()
+    duty: ContinuousAuditor | None = None
+    helpers: list[asyncio.Task[None]] = []
     try:
-        await load_due(engine, url, runs, 500)
+        if auditor:
+            duty = ContinuousAuditor(
+                engine.store, name, 2000, AuditorMetrics(CollectorRegistry()), lambda: [name]
+            )
+            helpers.append(asyncio.create_task(duty.run(stop)))
+        warm_until = time.perf_counter() + args.warmup
+        await load_due(engine, url, args.runs, 500)
         for shard in range(SHARDS):
             while (await engine.dispatch.promote(shard)).more:
                 pass
+        await asyncio.sleep(max(0.0, warm_until - time.perf_counter()))
+        read_before = 0 if duty is None or duty.current is None else duty.current.examined.records
         scheduler = Scheduler(engine.store, node=name, lease_ttl_ms=2000)
-        stop = asyncio.Event()
+        scheduler.auditor = None  # the duty above is this node's auditor
         started = time.perf_counter()
-        task = asyncio.create_task(scheduler.run(stop))
-        while scheduler.counters.dispatched < runs:
+        helpers.append(asyncio.create_task(scheduler.run(stop)))
+        while scheduler.counters.dispatched < args.runs:
             await asyncio.sleep(0.005)
-            if task.done() or time.perf_counter() - started > 120:
-                raise SystemExit(f"dispatch did not finish: {task}")
+            if helpers[-1].done() or time.perf_counter() - started > 120:
+                raise SystemExit(f"dispatch did not finish: {helpers[-1]}")
         drained_s = time.perf_counter() - started
-        # the steady phase: entries of its runs are those after its start in the streams
+        # the steady phase: its runs' entries are those after its start in the streams
         phase_ms = int((await client.time())[0]) * 1000
-        news_per_batch = max(1, rate // 20)
-        deadline = time.perf_counter() + seconds
+        per_batch = max(1, args.rate // 20)
+        deadline = time.perf_counter() + args.seconds
         created: set[str] = set()
         i = 0
         while time.perf_counter() < deadline:
             batch = [
                 NewTask(f"tenant-{(i + j) % TENANTS:04d}", delay_ms=1000, payload_json="1")
-                for j in range(news_per_batch)
+                for j in range(per_batch)
             ]
-            i += news_per_batch
+            i += per_batch
             created |= {c.task_id for c in await engine.tasks.create_many(batch)}
             await asyncio.sleep(0.05)
         await asyncio.sleep(2.0)
-        audited = scheduler.auditor.passes if scheduler.auditor is not None else 0
-        examined = 0
-        if scheduler.auditor is not None and scheduler.auditor.current is not None:
-            examined = scheduler.auditor.current.examined.records
+        passes = 0 if duty is None else duty.passes
+        read = 0 if duty is None or duty.current is None else duty.current.examined.records
         stop.set()
-        await task
+        await asyncio.gather(*helpers)
         lags = []
         async for raw in client.scan_iter(match="{tw:*}:q:*", count=1000):
             entries: Any = await client.xrange(raw, min=str(phase_ms))
@@ -328,15 +344,17 @@ async def _node_round(
             raise SystemExit(f"{len(created) - len(lags)} runs of the steady phase not dispatched")
         return {
             "auditor": auditor,
-            "throughput_per_s": round(runs / drained_s),
+            "throughput_per_s": round(args.runs / drained_s),
             "lag_runs": len(lags),
             "lag_p50_ms": percentile(lags, 50),
             "lag_p99_ms": percentile(lags, 99),
             "lag_max_ms": max(lags),
-            "audit_passes_done": audited,
-            "records_read_in_current_pass": examined,
+            "audit_passes_done": passes,
+            "records_audited_during_round": max(0, read - read_before),
         }
     finally:
+        stop.set()
+        await asyncio.gather(*helpers, return_exceptions=True)
         await engine.close()
 
 
@@ -358,15 +376,7 @@ def continuous(args: argparse.Namespace) -> None:
         for i in range(args.rounds):
             for auditor in (False, True) if i % 2 == 0 else (True, False):
                 r = asyncio.run(
-                    _node_round(
-                        server.url,
-                        settings,
-                        auditor,
-                        args.runs,
-                        args.rate,
-                        args.seconds,
-                        f"bench-{len(rounds)}",
-                    )
+                    _node_round(server.url, settings, auditor, args, f"bench-{len(rounds)}")
                 )
                 rounds.append(r)
                 print(json.dumps(r), flush=True)
@@ -392,6 +402,7 @@ def continuous(args: argparse.Namespace) -> None:
             "runs_per_round": args.runs,
             "steady_rate_per_s": args.rate,
             "steady_seconds": args.seconds,
+            "warmup_seconds": args.warmup,
             "rounds": len(rounds),
             "appendfsync": "everysec",
             "seconds": round(time.monotonic() - started, 1),
@@ -419,6 +430,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=50_000, help="due runs drained per round")
     parser.add_argument("--rate", type=int, default=500, help="steady creates per second")
     parser.add_argument("--seconds", type=float, default=10.0, help="steady phase length")
+    parser.add_argument("--warmup", type=float, default=15.0, help="auditor start before drain")
     args = parser.parse_args()
     if args.continuous:
         if args.out == RESULTS:

@@ -161,7 +161,7 @@ class ContinuousAuditor:
     # -- passes -------------------------------------------------------------------------
 
     def _options(self) -> AuditOptions:
-        return AuditOptions()
+        return AuditOptions(events=True)
 
     async def _step(self) -> None:
         now = time.monotonic()

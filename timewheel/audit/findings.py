@@ -36,11 +36,15 @@ class Kind(StrEnum):
     SCHEDULE_ENDED_SILENTLY = "schedule_ended_silently"
     SHARD_UNOWNED = "shard_unowned"
     CANARY_MISSING = "canary_missing"
+    RUN_LOST = "run_lost"
+    EVENT_STATE_MISMATCH = "event_state_mismatch"
 
 
-FOUND_IN_PYTHON = frozenset({Kind.SHARD_UNOWNED, Kind.CANARY_MISSING})
-"""The kinds Python finds (from audit_shard's view, from the canaries); the Lua audit
-operations find every other kind."""
+FOUND_IN_PYTHON = frozenset(
+    {Kind.SHARD_UNOWNED, Kind.CANARY_MISSING, Kind.RUN_LOST, Kind.EVENT_STATE_MISMATCH}
+)
+"""The kinds Python finds (from audit_shard's view, the canaries, the event log against
+the records: events.py); the Lua audit operations find every other kind."""
 
 SUMMARY: dict[Kind, str] = {
     Kind.RECORD_CORRUPT: "a record that does not decode",
@@ -62,6 +66,8 @@ SUMMARY: dict[Kind, str] = {
     Kind.SCHEDULE_ENDED_SILENTLY: "an ended schedule that neither end_at nor max_runs ends",
     Kind.SHARD_UNOWNED: "a shard no live scheduler node holds: its runs are not sent",
     Kind.CANARY_MISSING: "a shard's canary not acknowledged by its deadline (continuous audit)",
+    Kind.RUN_LOST: "a run whose last event leaves it open but that has no record (--events)",
+    Kind.EVENT_STATE_MISMATCH: "a record whose state is not what its last event says (--events)",
 }
 """One line per kind, for the report."""
 

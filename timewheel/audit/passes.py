@@ -22,7 +22,7 @@ import structlog
 
 from timewheel.audit.calls import AuditCalls, AuditOptions
 from timewheel.audit.findings import Finding, Kind, Tally
-from timewheel.audit.keyspace import KeyDiscovery
+from timewheel.audit.keyspace import SCAN_COUNT, KeyDiscovery
 from timewheel.audit.repair import Repairer
 from timewheel.audit.shard import Examined, ShardAudit
 from timewheel.store.shard import Store
@@ -104,7 +104,9 @@ class AuditPass:
     async def step(self, budget: int) -> bool:
         """Audit on for about `budget` things read; True once the pass is done."""
         while budget > 0 and not self.discovery.done:
-            budget -= max(1, await self.discovery.step())
+            # A SCAN step looks at SCAN_COUNT keys, whatever few of them it returns.
+            await self.discovery.step()
+            budget -= SCAN_COUNT
             self.examined.calls += 1
         while budget > 0 and not self.done:
             if self._current is None:

@@ -11,6 +11,8 @@ Phases (docs/operations/auditing.md has what each checks):
 4. confirm: what is left in the scratch hash (audit_confirm): out, and no entry.
 5. near, far: the members of every near level and far bucket (audit_near, audit_far).
 6. schedules: every schedule (audit_schedules).
+7. events, with AuditOptions.events: the newest entries of the event log against the
+   records of the runs they name (events.py).
 
 The shard's near levels, far buckets and streams are those the pass found by SCAN
 (keyspace.py) before it began.
@@ -31,6 +33,7 @@ from enum import StrEnum
 from typing import Any
 
 from timewheel.audit.calls import BODY_HASHES, MAX_KEYS_PER_CALL, AuditCalls, ShardView, Step
+from timewheel.audit.events import EventCheck
 from timewheel.audit.findings import Finding, Kind
 from timewheel.audit.keyspace import ShardKeys
 from timewheel.schedules.model import spec_from_json
@@ -46,6 +49,7 @@ class Phase(StrEnum):
     NEAR = "near"
     FAR = "far"
     SCHEDULES = "schedules"
+    EVENTS = "events"
     DONE = "done"
 
 
@@ -68,6 +72,8 @@ class Examined:
     """Of them, those read one by one: in a level or bucket that held more (or fewer)
     members than the records phase found runs in it."""
     schedules: int = 0
+    events: int = 0
+    """Runs of the event logs judged against their records (--events)."""
     keys: int = 0
     """Key names SCAN returned."""
     calls: int = 0
@@ -115,6 +121,7 @@ class ShardAudit:
         self._near = keys.near
         self._buckets = keys.buckets
         self._streams = keys.streams
+        self._events: EventCheck | None = None
         self._placed: dict[str, int] = {}
         """Near level or far bucket -> the scheduled runs the records phase found in it."""
 
@@ -145,6 +152,8 @@ class ShardAudit:
 
     def _next_phase(self) -> None:
         self.phase = PHASES[PHASES.index(self.phase) + 1]
+        if self.phase is Phase.EVENTS and not self.calls.options.events:
+            self.phase = Phase.DONE
         if self.phase is Phase.SCHEDULES:
             self._placed = {}  # the near and far phases are done with it
         # A stream is read from its start when the cursor is '' (audit_stream).
@@ -169,7 +178,21 @@ class ShardAudit:
             return await self._keys_step(self._buckets, self._far_call)
         if phase is Phase.SCHEDULES:
             return await self._schedules_step()
+        if phase is Phase.EVENTS:
+            return await self._events_step()
         return 0
+
+    async def _events_step(self) -> int:
+        if self._events is None:
+            self._events = EventCheck(self.store, self.shard, self.calls.options.batch)
+        read, findings = await self._events.step()
+        for finding in findings:
+            await self.sink(finding)
+        if self._events.done:
+            self.examined.events += self._events.examined
+            self._events = None
+            self._next_phase()
+        return read
 
     async def _check_owner(self, view: ShardView) -> None:
         """shard_unowned, when the caller knows the live nodes (a pass run by hand has no

@@ -32,6 +32,7 @@ async def run_audit(args: argparse.Namespace) -> int:
     options = AuditOptions(
         overdue_ms=_seconds_ms(args.overdue_s, "--overdue-s"),
         lease_grace_ms=_seconds_ms(args.lease_grace_s, "--lease-grace-s"),
+        events=args.events,
     )
     if args.limit < 0:
         raise ConfigError("--limit must be >= 0")

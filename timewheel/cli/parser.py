@@ -152,6 +152,12 @@ def add_audit(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--limit", type=int, default=100, help="findings printed (default 100; all are counted)"
     )
     p.add_argument(
+        "--events",
+        action="store_true",
+        help="also check the newest 1,000 entries of each shard's event log against the "
+        "records of the runs they name (run_lost, event_state_mismatch)",
+    )
+    p.add_argument(
         "--repair",
         action="store_true",
         help="also repair what is safe to: put runs back in the wheel, hand lost deliveries "

@@ -1,0 +1,72 @@
+"""The audit's event-log check (--events) against a real Redis: each run the newest log
+entries name is in the state its last event left it in; a record gone while its run is
+open, or one whose state its last event does not give, is a finding; runs finished and
+cancelled in every way are not."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from timewheel.audit.findings import Kind
+from timewheel.engine import Engine
+from timewheel.runs.delivery import Delivery
+from timewheel.runs.worker import Worker
+from timewheel.tasks.model import NewTask
+from timewheel.testing.audit import audit, found
+from timewheel.testing.clock import NOW
+from timewheel.testing.dispatch import prime, tick_all, work_until
+
+
+async def _history(engine: Engine) -> dict[str, str]:
+    """Runs in every state the log can leave them: scheduled and cancelled (acme),
+    succeeded (acme, acknowledged by a worker), dispatched (beta, never read)."""
+    await prime(engine)
+    ids = {}
+    for name, tenant, due in (
+        ("scheduled", "acme", NOW + 60_000),
+        ("cancelled", "acme", NOW + 60_000),
+        ("succeeded", "acme", NOW + 100),
+        ("dispatched", "beta", NOW + 100),
+    ):
+        ids[name] = (await engine.tasks.create(NewTask(tenant, run_at_ms=due))).task_id
+    await engine.tasks.cancel("acme", ids["cancelled"], now_ms=NOW)
+    await tick_all(engine, NOW + 500)
+    worker = Worker(engine.store, "acme", "default", consumer="w1")
+    acked: set[str] = set()
+
+    async def handle(d: Delivery) -> None:
+        acked.add(d.run_id)
+
+    await work_until(worker, handle, lambda: ids["succeeded"] in acked, 20)
+    assert (await engine.tasks.get("acme", ids["succeeded"])).state == "succeeded"
+    assert (await engine.tasks.get("beta", ids["dispatched"])).state == "dispatched"
+    return ids
+
+
+async def test_runs_in_every_state_agree_with_their_last_event(engine: Engine) -> None:
+    await _history(engine)
+    report = await audit(engine, NOW + 700, events=True)
+    assert report.clean, report.findings
+    assert report.examined.events >= 4
+
+
+async def test_a_lost_record_and_a_state_its_event_does_not_give_are_found(
+    engine: Engine,
+) -> None:
+    ids = await _history(engine)
+    k, c = engine.keys, engine.client
+    lost = ids["scheduled"]
+    shard = engine.store.locate(lost)
+    raw: Any = await c.hget(k.body(shard, lost), k.body_field(lost))
+    assert await c.hdel(k.body(shard, lost), k.body_field(lost)) == 1
+    # the cancelled run's record replaced by the lost one's, which says scheduled
+    cancelled = ids["cancelled"]
+    await c.hset(k.body(shard, cancelled), k.body_field(cancelled), raw)
+    without = await audit(engine, NOW + 700)
+    report = await audit(engine, NOW + 700, events=True)
+    added = found(report) - found(without)
+    assert added == {
+        (Kind.RUN_LOST.value, lost),
+        (Kind.EVENT_STATE_MISMATCH.value, cancelled),
+    }
+    assert {f.tenant for f in report.findings if f.kind is Kind.RUN_LOST} == {"acme"}
