@@ -7,11 +7,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from timewheel.audit import AuditOptions, AuditPass
+from timewheel.audit.archived import ArchiveCheck
 from timewheel.audit.findings import Kind
 from timewheel.engine import Engine
 from timewheel.runs.delivery import Delivery
 from timewheel.runs.worker import Worker
 from timewheel.tasks.model import NewTask
+from timewheel.testing.archive import archive_all
 from timewheel.testing.audit import audit, found
 from timewheel.testing.clock import NOW
 from timewheel.testing.dispatch import prime, tick_all, work_until
@@ -70,3 +73,29 @@ async def test_a_lost_record_and_a_state_its_event_does_not_give_are_found(
         (Kind.EVENT_STATE_MISMATCH.value, cancelled),
     }
     assert {f.tenant for f in report.findings if f.kind is Kind.RUN_LOST} == {"acme"}
+
+
+async def test_an_open_run_of_the_archive_without_its_record_is_found(
+    engine: Engine, postgres_dsn: str
+) -> None:
+    ids = await _history(engine)
+    await archive_all(engine, postgres_dsn)
+    check = ArchiveCheck(engine.store, postgres_dsn)
+    assert await check.check() == []
+    assert check.checked >= 2  # the scheduled and the dispatched runs are open
+    k, c = engine.keys, engine.client
+    lost = ids["scheduled"]
+    shard = engine.store.locate(lost)
+    assert await c.hdel(k.body(shard, lost), k.body_field(lost)) == 1
+    report = await AuditPass(
+        engine.store,
+        AuditOptions(now_ms=NOW + 700),
+        archive=ArchiveCheck(engine.store, postgres_dsn),
+    ).run()
+    archived = [f for f in report.findings if f.kind is Kind.ARCHIVE_RUN_LOST]
+    assert [(f.id, f.tenant, f.shard) for f in archived] == [(lost, "acme", shard)]
+    assert report.examined.archived >= 2
+    # bounded: one open run per check, going on where the last stopped
+    step = ArchiveCheck(engine.store, postgres_dsn)
+    seen = [await step.check(limit=1) for _ in range(check.checked)]
+    assert sum(len(s) for s in seen) == 1

@@ -364,9 +364,14 @@ async def test_a_stopped_archiver_shows_as_lag_and_an_old_commit(
     task = asyncio.create_task(archiver.run(stop, poll_interval_s=0.05))
     try:
         node.wait_started()
+        first = []
         for i in range(20):
-            await engine.tasks.create(
-                NewTask("arch-t", run_at_ms=int(time.time() * 1000) + 600_000, payload_json=str(i))
+            first.append(
+                await engine.tasks.create(
+                    NewTask(
+                        "arch-t", run_at_ms=int(time.time() * 1000) + 600_000, payload_json=str(i)
+                    )
+                )
             )
 
         async def caught_up() -> dict[str, float] | None:
@@ -375,6 +380,19 @@ async def test_a_stopped_archiver_shows_as_lag_and_an_old_commit(
 
         m = await wait_for(caught_up, 20, "the archiver caught up, as the auditor sees it")
         assert m["timewheel_archiver_last_commit_timestamp_seconds"] > time.time() - 10
+        assert m['timewheel_audit_findings{kind="archive_run_lost"}'] == 0
+        # a run the archive holds as scheduled loses its record in Redis
+        lost = first[0].task_id
+        shard = engine.store.locate(lost)
+        k = engine.keys
+        assert await engine.client.hdel(k.body(shard, lost), k.body_field(lost)) == 1
+
+        async def lost_found() -> bool:
+            got = scrape(port)
+            return got['timewheel_audit_findings{kind="archive_run_lost"}'] == 1
+
+        await wait_for(lost_found, 2 * INTERVAL_MS / 1000 + 5, "archive_run_lost")
+        assert lost in node.log()
         stop.set()
         await task
         stopped_s = time.time()

@@ -29,6 +29,7 @@ from typing import Any
 import structlog
 from redis.exceptions import RedisError
 
+from timewheel.audit.archived import ArchiveCheck
 from timewheel.audit.calls import AuditOptions
 from timewheel.audit.canary import Canaries
 from timewheel.audit.findings import Finding, Kind, Tally
@@ -52,6 +53,9 @@ DETAIL_CHARS = 300
 """A stored finding's detail is cut to this many characters."""
 LOG_FINDINGS = 20
 """Findings logged one by one per pass; the rest are counted in one line."""
+ARCHIVE_RUNS = 5000
+"""Open runs of the archive a pass checks against Redis (archived.py), each pass going on
+where the last stopped."""
 ARCHIVE_COUNT = 10_000
 """Event-log entries audit_archive counts one by one per shard (lua/audit_archive.lua)."""
 PACE_SHARE = 0.75
@@ -124,6 +128,11 @@ class ContinuousAuditor:
         self.round_s = ttl_ms / 4000.0
         self.epoch: int | None = None
         self.canaries: Canaries | None = None
+        self.archive = (
+            ArchiveCheck(store, self.settings.postgres_dsn, tolerant=True)
+            if self.settings.postgres_dsn
+            else None
+        )
         self.current: AuditPass | None = None
         self.passes = 0
         self._next_pass = 0.0
@@ -168,7 +177,14 @@ class ContinuousAuditor:
         if self.current is None:
             if now < self._next_pass:
                 return
-            self.current = AuditPass(self.store, self._options(), keep=KEEP, live=self.live())
+            self.current = AuditPass(
+                self.store,
+                self._options(),
+                keep=KEEP,
+                live=self.live(),
+                archive=self.archive,
+                archive_limit=ARCHIVE_RUNS,
+            )
             self._pass_started = now
             self._next_pass = now + self.settings.audit_interval_ms / 1000.0
             self._steps = 0

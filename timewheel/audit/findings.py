@@ -38,13 +38,21 @@ class Kind(StrEnum):
     CANARY_MISSING = "canary_missing"
     RUN_LOST = "run_lost"
     EVENT_STATE_MISMATCH = "event_state_mismatch"
+    ARCHIVE_RUN_LOST = "archive_run_lost"
 
 
 FOUND_IN_PYTHON = frozenset(
-    {Kind.SHARD_UNOWNED, Kind.CANARY_MISSING, Kind.RUN_LOST, Kind.EVENT_STATE_MISMATCH}
+    {
+        Kind.SHARD_UNOWNED,
+        Kind.CANARY_MISSING,
+        Kind.RUN_LOST,
+        Kind.EVENT_STATE_MISMATCH,
+        Kind.ARCHIVE_RUN_LOST,
+    }
 )
 """The kinds Python finds (from audit_shard's view, the canaries, the event log against
-the records: events.py); the Lua audit operations find every other kind."""
+the records: events.py, the archive against Redis: archived.py); the Lua audit
+operations find every other kind."""
 
 SUMMARY: dict[Kind, str] = {
     Kind.RECORD_CORRUPT: "a record that does not decode",
@@ -68,6 +76,7 @@ SUMMARY: dict[Kind, str] = {
     Kind.CANARY_MISSING: "a shard's canary not acknowledged by its deadline (continuous audit)",
     Kind.RUN_LOST: "a run whose last event leaves it open but that has no record (--events)",
     Kind.EVENT_STATE_MISMATCH: "a record whose state is not what its last event says (--events)",
+    Kind.ARCHIVE_RUN_LOST: "a run the archive holds open that Redis has no record of (--archive)",
 }
 """One line per kind, for the report."""
 

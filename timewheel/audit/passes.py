@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import structlog
 
+from timewheel.audit.archived import ArchiveCheck
 from timewheel.audit.calls import AuditCalls, AuditOptions
 from timewheel.audit.findings import Finding, Kind, Tally
 from timewheel.audit.keyspace import SCAN_COUNT, KeyDiscovery
@@ -69,6 +70,8 @@ class AuditPass:
         repair: bool = False,
         keep: int = 1000,
         live: Iterable[str] | None = None,
+        archive: ArchiveCheck | None = None,
+        archive_limit: int | None = None,
     ) -> None:
         self.store = store
         self.options = options or AuditOptions()
@@ -80,6 +83,10 @@ class AuditPass:
         self.examined = Examined()
         self.discovery = KeyDiscovery(store, self.shards)
         self.live = None if live is None else frozenset(live)
+        self.archive = archive
+        """The archive against Redis once the shards are done, up to `archive_limit` open
+        runs (None: all)."""
+        self.archive_limit = archive_limit
         self._waiting = deque(self.shards)
         self._current: ShardAudit | None = None
         self._started = time.monotonic()
@@ -111,6 +118,7 @@ class AuditPass:
         while budget > 0 and not self.done:
             if self._current is None:
                 if not self._waiting:
+                    await self._check_archive()
                     self._end()
                     break
                 self._current = self._audit(self._waiting.popleft())
@@ -138,8 +146,17 @@ class AuditPass:
                 self._finished(audit)
 
         await asyncio.gather(*(worker() for _ in range(max(1, parallel))))
+        await self._check_archive()
         self._end()
         return self.report()
+
+    async def _check_archive(self) -> None:
+        if self.archive is None or self._seconds is not None:
+            return
+        before = self.archive.checked
+        for finding in await self.archive.check(self.archive_limit):
+            await self._found(finding)
+        self.examined.archived += self.archive.checked - before
 
     def _end(self) -> None:
         if self._seconds is None:

@@ -74,6 +74,8 @@ class Examined:
     schedules: int = 0
     events: int = 0
     """Runs of the event logs judged against their records (--events)."""
+    archived: int = 0
+    """Open runs of the archive checked against Redis (--archive)."""
     keys: int = 0
     """Key names SCAN returned."""
     calls: int = 0

@@ -35,6 +35,7 @@ def settings_env(settings: Settings) -> dict[str, str]:
         "TIMEWHEEL_AUDIT_STEP_BUDGET": str(settings.audit_step_budget),
         "TIMEWHEEL_CANARY_INTERVAL_MS": str(settings.canary_interval_ms),
         "TIMEWHEEL_CANARY_DEADLINE_MS": str(settings.canary_deadline_ms),
+        "TIMEWHEEL_POSTGRES_DSN": settings.postgres_dsn,
     }
 
 
