@@ -99,3 +99,19 @@ async def test_an_open_run_of_the_archive_without_its_record_is_found(
     step = ArchiveCheck(engine.store, postgres_dsn)
     seen = [await step.check(limit=1) for _ in range(check.checked)]
     assert sum(len(s) for s in seen) == 1
+
+
+async def test_a_usage_count_its_records_do_not_give_is_found(engine: Engine) -> None:
+    ids = await _history(engine)
+    # acme holds one scheduled run in its shard (the succeeded and cancelled ones are
+    # finished); beta one dispatched run
+    assert (await audit(engine, NOW + 700, events=True)).clean
+    shard = engine.store.locate(ids["scheduled"])
+    await engine.client.hincrby(engine.keys.usage(shard, "acme"), "q:default", 2)
+    report = await audit(engine, NOW + 700, events=True)
+    assert [(f.kind, f.tenant, f.shard) for f in report.findings] == [
+        (Kind.USAGE_MISMATCH, "acme", shard)
+    ]
+    assert "counts 3 runs not finished" in report.findings[0].detail
+    assert "records hold 1" in report.findings[0].detail
+    assert (await audit(engine, NOW + 700)).clean  # without --events: not checked

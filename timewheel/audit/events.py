@@ -187,3 +187,66 @@ class EventCheck:
 
 def _id(raw: bytes | str) -> str:
     return raw.decode() if isinstance(raw, bytes) else raw
+
+
+# -- usage counts --------------------------------------------------------------------------
+
+USE_PREFIX = "#use:"
+"""audit_records' per-key list holds each tenant's counted runs not finished under this."""
+USAGE_EVENTS_READ = 10_000
+"""Event-log entries after the records phase began that the usage check reads at most; a
+shard busier than that during its records phase is not checked this pass."""
+
+
+async def usage_mark(store: Store, shard: int) -> str:
+    """The shard's last event-log entry id now ('0-0' for an empty log)."""
+    try:
+        newest: Any = await store.client.xrevrange(store.keys.events(shard), count=1)
+    except (RedisError, OSError) as exc:
+        raise RedisUnavailable(f"reading the event log of shard {shard}: {exc}") from exc
+    return _id(newest[0][0]) if newest else "0-0"
+
+
+async def usage_findings(
+    store: Store, shard: int, since: str, tenants: list[str], found: dict[str, int]
+) -> list[Finding]:
+    """Each tenant's usage hash against the counted runs not finished the records phase
+    found (`found`), for the tenants no event has named since `since` (the log's last
+    entry when the records phase began): every operation that changes a tenant's usage
+    names the tenant in its event, so for the others neither side moved meanwhile."""
+    if not tenants:
+        return []
+    keys, client = store.keys, store.client
+    try:
+        pipe = client.pipeline(transaction=False)
+        for tenant in tenants:
+            pipe.hgetall(keys.usage(shard, tenant))
+        hashes: list[Any] = await pipe.execute()
+        entries: Any = await client.xrange(
+            keys.events(shard), min="(" + since, max="+", count=USAGE_EVENTS_READ
+        )
+    except (RedisError, OSError) as exc:
+        raise RedisUnavailable(f"reading usage counts of shard {shard}: {exc}") from exc
+    if len(entries) >= USAGE_EVENTS_READ:
+        return []
+    moved = {row[6] for entry_id, fields in entries for row in event_rows(shard, entry_id, fields)}
+    out = []
+    for tenant, raw in zip(tenants, hashes, strict=True):
+        if tenant in moved:
+            continue
+        counts = {_id(k): int(v) for k, v in (raw or {}).items()}
+        queues = sum(n for name, n in counts.items() if name.startswith("q:"))
+        counted = max(0, queues - counts.get("schedules", 0))
+        actual = found.get(tenant, 0)
+        if counted != actual:
+            out.append(
+                Finding(
+                    Kind.USAGE_MISMATCH,
+                    shard,
+                    tenant,
+                    "",
+                    f"use:{tenant} counts {counted} runs not finished (q:* less schedules), "
+                    f"the records hold {actual}",
+                )
+            )
+    return out

@@ -39,6 +39,7 @@ class Kind(StrEnum):
     RUN_LOST = "run_lost"
     EVENT_STATE_MISMATCH = "event_state_mismatch"
     ARCHIVE_RUN_LOST = "archive_run_lost"
+    USAGE_MISMATCH = "usage_mismatch"
 
 
 FOUND_IN_PYTHON = frozenset(
@@ -48,6 +49,7 @@ FOUND_IN_PYTHON = frozenset(
         Kind.RUN_LOST,
         Kind.EVENT_STATE_MISMATCH,
         Kind.ARCHIVE_RUN_LOST,
+        Kind.USAGE_MISMATCH,
     }
 )
 """The kinds Python finds (from audit_shard's view, the canaries, the event log against
@@ -77,6 +79,7 @@ SUMMARY: dict[Kind, str] = {
     Kind.RUN_LOST: "a run whose last event leaves it open but that has no record (--events)",
     Kind.EVENT_STATE_MISMATCH: "a record whose state is not what its last event says (--events)",
     Kind.ARCHIVE_RUN_LOST: "a run the archive holds open that Redis has no record of (--archive)",
+    Kind.USAGE_MISMATCH: "a tenant's count of runs not finished its records do not give (--events)",
 }
 """One line per kind, for the report."""
 

@@ -33,7 +33,7 @@ from enum import StrEnum
 from typing import Any
 
 from timewheel.audit.calls import BODY_HASHES, MAX_KEYS_PER_CALL, AuditCalls, ShardView, Step
-from timewheel.audit.events import EventCheck
+from timewheel.audit.events import USE_PREFIX, EventCheck, usage_findings, usage_mark
 from timewheel.audit.findings import Finding, Kind
 from timewheel.audit.keyspace import ShardKeys
 from timewheel.schedules.model import spec_from_json
@@ -124,6 +124,11 @@ class ShardAudit:
         self._buckets = keys.buckets
         self._streams = keys.streams
         self._events: EventCheck | None = None
+        self._usage_tenants = keys.usage
+        self._usage_from: str | None = None
+        """The shard's last event-log entry when the records phase began (usage check)."""
+        self._open: dict[str, int] = {}
+        """tenant -> its counted runs not finished, as the records phase found them."""
         self._placed: dict[str, int] = {}
         """Near level or far bucket -> the scheduled runs the records phase found in it."""
 
@@ -212,14 +217,28 @@ class ShardAudit:
 
     async def _records(self) -> int:
         at = self._at
+        counts = self.calls.options.events
+        if counts and self._usage_from is None:
+            self._usage_from = await usage_mark(self.store, self.shard)
         call = self.calls.records(self.shard, self.scratch, at.index, at.cursor, self.backlog)
         step = await self.store.run(call)
         await self._found_all(step)
         for key, n in (step.placed or {}).items():
-            self._placed[key] = self._placed.get(key, 0) + n
+            if key.startswith(USE_PREFIX):
+                tenant = key[len(USE_PREFIX) :]
+                self._open[tenant] = self._open.get(tenant, 0) + n
+            else:
+                self._placed[key] = self._placed.get(key, 0) + n
         self.examined.records += step.examined
         at.index, at.cursor = step.position, step.cursor
         if at.index >= BODY_HASHES:
+            if counts and self._usage_from is not None:
+                tenants = sorted(set(self._usage_tenants) | set(self._open))
+                for finding in await usage_findings(
+                    self.store, self.shard, self._usage_from, tenants, self._open
+                ):
+                    await self.sink(finding)
+            self._open = {}
             self._next_phase()
         return step.examined
 

@@ -161,7 +161,8 @@ def add_audit(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--events",
         action="store_true",
         help="also check the newest 1,000 entries of each shard's event log against the "
-        "records of the runs they name (run_lost, event_state_mismatch)",
+        "records of the runs they name, and each tenant's usage counts against its records "
+        "(run_lost, event_state_mismatch, usage_mismatch)",
     )
     p.add_argument(
         "--repair",
