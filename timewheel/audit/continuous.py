@@ -64,6 +64,10 @@ MIN_PAUSE_S, MAX_PAUSE_S = 0.002, 1.0
 FIRST_PAUSE_S = 0.05
 """The pause between the steps of a node's first pass, before it knows how many a pass
 takes: at most 20 steps a second, about 20,000 things read a second."""
+START_DELAY_S = 5.0
+"""How long after taking the lease the first pass and the first canaries wait: a node
+that has just started takes its shards, catches up on what is due and does what else
+starts with it first."""
 CANARY_POLL_S = 0.05
 """How often the canary streams are read while canaries are out."""
 
@@ -155,7 +159,7 @@ class ContinuousAuditor:
                 self.metrics.clear()
                 self.metrics.active = True
                 self.canaries = Canaries(self.store, self.node, self.metrics)
-                self._next_pass = self._next_canary = time.monotonic()
+                self._next_pass = self._next_canary = time.monotonic() + START_DELAY_S
                 log.info("auditor_lease_acquired", node=self.node, epoch=epoch)
         elif not await self.lease.renew(self.epoch):
             self._lost("lease_lost")
