@@ -17,15 +17,27 @@ members it read, its peak RSS (getrusage of the child), and Redis's CPU
 (INFO cpu used_cpu_sys + used_cpu_user, before and after). Every audit call slower than
 2 ms lands in the SLOWLOG, whose longest entry is the longest single call.
 
+--continuous instead measures the continuous auditor's effect on dispatch: on one server
+loaded with --tasks pending runs (as above), rounds without and with the auditor, in
+turn (A B, B A, ...), each on a fresh in-process scheduler node (a node id, leases, the
+auditor lease): --runs due runs drained (throughput), then --rate creates a second due
+1 s after their create for --seconds (lag = dispatched_ms - due_ms from the ready
+streams). With the auditor the node runs the defaults (a pass per 60 s, 1,000 a step,
+its first pass's steps 50 ms apart, canaries every 10 s), started --warmup seconds before
+the drain so that it is reading records, past its SCAN, while the node dispatches; the
+rounds without it wait as long. Writes audit-continuous.json.
+
 Run:  .venv/bin/python bench/audit.py                    (1,000,000 tasks)
       .venv/bin/python bench/audit.py --tasks 5000000    (about 1 GiB of Redis memory, 5 min)
       .venv/bin/python bench/audit.py --quick            (100,000 tasks)
+      .venv/bin/python bench/audit.py --continuous --quick (A/B, 100,000 pending)
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import random
@@ -41,6 +53,7 @@ from typing import Any
 
 import msgpack
 import redis.asyncio as aioredis
+from common import percentile
 from rawpipe import RawPipe, create_commands, resp
 
 from timewheel import ids
@@ -255,13 +268,177 @@ async def measure(url: str, prefix: str, parallel: int) -> dict[str, Any]:
     }
 
 
+# -- the continuous auditor's effect on dispatch ------------------------------------------
+
+
+async def _node_round(
+    url: str, base: Settings, auditor: bool, args: argparse.Namespace, name: str
+) -> dict[str, Any]:
+    """One round on one scheduler node, in this process: `--runs` due runs drained
+    (throughput), then `--rate` creates a second due 1 s after their create for
+    `--seconds` (lag from the ready streams). With `auditor`, the node's continuous
+    auditor (the defaults: a pass per 60 s, 1,000 a step, canaries every 10 s) holds its
+    lease from `--warmup` seconds before the drain, so it is into its pass (past the
+    SCAN, reading records) while the node dispatches; without, the node waits as long."""
+    from dispatch import load_due
+    from prometheus_client import CollectorRegistry
+
+    from timewheel.audit.continuous import ContinuousAuditor
+    from timewheel.dispatch.metrics import AuditorMetrics
+    from timewheel.dispatch.scheduler import Scheduler
+
+    settings = dataclasses.replace(base, audit_interval_ms=60_000)
+    engine = await Engine.connect(settings)
+    client: aioredis.Redis = engine.client  # type: ignore[assignment]
+    stop = asyncio.Event()
+    duty: ContinuousAuditor | None = None
+    helpers: list[asyncio.Task[None]] = []
+    try:
+        if auditor:
+            duty = ContinuousAuditor(
+                engine.store, name, 2000, AuditorMetrics(CollectorRegistry()), lambda: [name]
+            )
+            helpers.append(asyncio.create_task(duty.run(stop)))
+        warm_until = time.perf_counter() + args.warmup
+        await load_due(engine, url, args.runs, 500)
+        for shard in range(SHARDS):
+            while (await engine.dispatch.promote(shard)).more:
+                pass
+        await asyncio.sleep(max(0.0, warm_until - time.perf_counter()))
+        read_before = 0 if duty is None or duty.current is None else duty.current.examined.records
+        scheduler = Scheduler(engine.store, node=name, lease_ttl_ms=2000)
+        scheduler.auditor = None  # the duty above is this node's auditor
+        started = time.perf_counter()
+        helpers.append(asyncio.create_task(scheduler.run(stop)))
+        while scheduler.counters.dispatched < args.runs:
+            await asyncio.sleep(0.005)
+            if helpers[-1].done() or time.perf_counter() - started > 120:
+                raise SystemExit(f"dispatch did not finish: {helpers[-1]}")
+        drained_s = time.perf_counter() - started
+        # the steady phase: its runs' entries are those after its start in the streams
+        phase_ms = int((await client.time())[0]) * 1000
+        per_batch = max(1, args.rate // 20)
+        deadline = time.perf_counter() + args.seconds
+        created: set[str] = set()
+        i = 0
+        while time.perf_counter() < deadline:
+            batch = [
+                NewTask(f"tenant-{(i + j) % TENANTS:04d}", delay_ms=1000, payload_json="1")
+                for j in range(per_batch)
+            ]
+            i += per_batch
+            created |= {c.task_id for c in await engine.tasks.create_many(batch)}
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(2.0)
+        passes = 0 if duty is None else duty.passes
+        read = 0 if duty is None or duty.current is None else duty.current.examined.records
+        stop.set()
+        await asyncio.gather(*helpers)
+        lags = []
+        async for raw in client.scan_iter(match="{tw:*}:q:*", count=1000):
+            entries: Any = await client.xrange(raw, min=str(phase_ms))
+            for _, f in entries:
+                if f[b"run_id"].decode() in created:
+                    lags.append(int(f[b"dispatched_ms"]) - int(f[b"due_ms"]))
+        if len(lags) != len(created):
+            raise SystemExit(f"{len(created) - len(lags)} runs of the steady phase not dispatched")
+        return {
+            "auditor": auditor,
+            "throughput_per_s": round(args.runs / drained_s),
+            "lag_runs": len(lags),
+            "lag_p50_ms": percentile(lags, 50),
+            "lag_p99_ms": percentile(lags, 99),
+            "lag_max_ms": max(lags),
+            "audit_passes_done": passes,
+            "records_audited_during_round": max(0, read - read_before),
+        }
+    finally:
+        stop.set()
+        await asyncio.gather(*helpers, return_exceptions=True)
+        await engine.close()
+
+
+def continuous(args: argparse.Namespace) -> None:
+    """Interleaved rounds without and with the continuous auditor, on one server loaded
+    with `--tasks` pending runs for the auditor to read."""
+    data_dir = Path(tempfile.mkdtemp(prefix="tw-bench-audit-ab-"))
+    server = RedisServer(
+        data_dir, appendfsync="everysec", extra_config={"auto-aof-rewrite-percentage": "0"}
+    )
+    rounds: list[dict[str, Any]] = []
+    started = time.monotonic()
+    try:
+        server.start()
+        # The load's delivered entries must not come back through the reaper during a
+        # round: an hour's visibility timeout.
+        settings = Settings(redis_url=server.url, shards=SHARDS, visibility_timeout_ms=3_600_000)
+        asyncio.run(load(server.url, settings, args.tasks))
+        for i in range(args.rounds):
+            for auditor in (False, True) if i % 2 == 0 else (True, False):
+                r = asyncio.run(
+                    _node_round(server.url, settings, auditor, args, f"bench-{len(rounds)}")
+                )
+                rounds.append(r)
+                print(json.dumps(r), flush=True)
+    finally:
+        server.stop()
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+    def mean(key: str, auditor: bool) -> float:
+        values = [float(r[key]) for r in rounds if r["auditor"] is auditor]
+        return sum(values) / len(values)
+
+    summary = {
+        key: {"without": round(mean(key, False), 1), "with": round(mean(key, True), 1)}
+        for key in ("throughput_per_s", "lag_p50_ms", "lag_p99_ms", "lag_max_ms")
+    }
+    loss = 1 - summary["throughput_per_s"]["with"] / summary["throughput_per_s"]["without"]
+    summary["throughput_loss_pct"] = {"with": round(100 * loss, 1), "without": 0.0}
+    print(json.dumps(summary, indent=1), flush=True)
+    out = {
+        "parameters": {
+            "pending_tasks": args.tasks,
+            "shards": SHARDS,
+            "runs_per_round": args.runs,
+            "steady_rate_per_s": args.rate,
+            "steady_seconds": args.seconds,
+            "warmup_seconds": args.warmup,
+            "rounds": len(rounds),
+            "appendfsync": "everysec",
+            "seconds": round(time.monotonic() - started, 1),
+        },
+        "summary": summary,
+        "rounds": rounds,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--tasks", type=int, default=1_000_000)
     parser.add_argument("--quick", action="store_true", help="100,000 tasks")
     parser.add_argument("--parallel", type=int, action="append", help="audit runs (default 1, 4)")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--continuous",
+        action="store_true",
+        help="the continuous auditor's effect on dispatch, interleaved A/B rounds",
+    )
+    parser.add_argument("--rounds", type=int, default=3, help="A/B pairs (--continuous)")
+    parser.add_argument("--runs", type=int, default=50_000, help="due runs drained per round")
+    parser.add_argument("--rate", type=int, default=500, help="steady creates per second")
+    parser.add_argument("--seconds", type=float, default=10.0, help="steady phase length")
+    parser.add_argument("--warmup", type=float, default=15.0, help="auditor start before drain")
     args = parser.parse_args()
+    if args.continuous:
+        if args.out == RESULTS:
+            args.out = RESULTS.with_name("audit-continuous.json")
+        if args.quick:
+            args.tasks = 100_000
+        continuous(args)
+        return
     tasks = 100_000 if args.quick else args.tasks
     runs = args.parallel or [1, 4]
     data_dir = Path(tempfile.mkdtemp(prefix="tw-bench-audit-"))

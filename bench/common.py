@@ -31,6 +31,9 @@ def scheduler_process(
         **os.environ,
         "TIMEWHEEL_PREFIX": settings.prefix,
         "TIMEWHEEL_SHARDS": str(settings.shards),
+        # No continuous audit or canaries (bench/audit.py --continuous measures them):
+        # their runs would be in the streams these benches count.
+        "TIMEWHEEL_AUDIT_INTERVAL_MS": "0",
     }
     command = [sys.executable, "-m", "timewheel.cli", "scheduler"]
     command += ["--redis-url", settings.redis_url, "--node-id", node, "--log-json", *args]

@@ -17,7 +17,9 @@
            far bucket, the scheduled runs this call found in it (audit_near and audit_far
            read member by member only a key whose size these counts do not explain);
            findings 6 values each: kind, tenant, id, reason, detail, data
-           (timewheel/audit/calls.py).
+           (timewheel/audit/calls.py). The per-key list also holds, under '#use:'..tenant,
+           the tenant's counted runs not finished (scheduled or dispatched, and counted:
+           lib/usage.lua usage_counted) this call found, for the usage check.
   Errors:  none.
   Checks per record: it decodes (record_corrupt); a scheduled run is in a level (the one
   its due time names is looked at first; audit_near finds a run in both); one due more
@@ -37,6 +39,7 @@ local tag = string.sub(meta_key, 1, -5)
 --!include lib/clock.lua
 --!include lib/wheel.lua
 --!include lib/schedule.lua
+--!include lib/usage.lua
 --!include lib/audit.lua
 
 local now = clock_shard_ms(meta_key, now_override)
@@ -67,6 +70,10 @@ local function check(run_id, raw)
     return
   end
   local state, tenant, due = r[R_STATE], r[R_TENANT], r[R_DUE]
+  if (state == ST_DISPATCHED or state == ST_SCHEDULED) and usage_counted(r) then
+    local ukey = '#use:' .. tenant
+    placed[ukey] = (placed[ukey] or 0) + 1
+  end
   if state == ST_DISPATCHED then
     out_with(run_id, r[R_ATTEMPT])
     return

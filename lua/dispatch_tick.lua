@@ -15,14 +15,15 @@
   (HASH tenant -> 'tokens:stamp_ms', the rate-limited tenants' buckets).
   Returns: {dispatched, next_due_ms, now_ms, clock_back_ms, next_bucket_ms, promoted_until,
            consumed, {tenant, count, ...}, {count, ...}, backlog, lag_sum_ms,
-           {tenant, held, ...}}
+           {tenant, held, ...}, {tenant, lag_sum_ms, ...}}
            next_due_ms / next_bucket_ms are -1 when nothing waits; consumed (near entries
            taken, stale ones included) = limit means more may be due now; the lists give
            runs dispatched per tenant and, for metrics, how many runs' lag (now - due_ms)
            fell in each bucket: lag <= bound i for the i-th count, one more count past the
            last bound (empty when none was sent); lag_sum_ms adds up the lags. backlog
            counts runs still due after this call (0 unless consumed = limit); the last
-           list gives, per tenant held back by its rate, its runs still due.
+           list but one gives, per tenant held back by its rate, its runs still due;
+           the last, per tenant with runs dispatched, their lags added up (ms).
   Errors:  {-3} LEASE_LOST: ARGV[3] no longer holds the shard at epoch ARGV[4].
   Fairness: deficit round robin with unit cost. Each round gives every tenant with due
   runs an equal share of what is left of the limit, so one tenant's backlog due in the
@@ -74,6 +75,7 @@ end
 -- the lag histogram of lag_bounds_text.
 local now_text, entry, bounds, lag_counts
 local lag_sum = 0
+local tenant_lag = {}  -- tenant -> its dispatched runs' lags added up
 -- An attempt number as text, and as its mark in the event's run list (':n,').
 local attempt_texts, attempt_marks = {}, {}
 local function attempt_text(n)
@@ -149,6 +151,7 @@ local function dispatch(tenant, run_id, streams)
   local lag = now - due
   local b = lag_bucket(bounds, lag)
   lag_counts[b], lag_sum = lag_counts[b] + 1, lag_sum + lag
+  tenant_lag[tenant] = (tenant_lag[tenant] or 0) + lag
   -- The record is not rewritten: leaving the near level (serve, below) is what makes
   -- the run dispatched (record_sent in lib/record.lua).
   if sid then
@@ -251,10 +254,12 @@ if #runs > 0 then
     'epoch', epoch, 'runs', string.sub(table.concat(runs), 1, -2))
 end
 
-local counts = {}
+local counts, lags = {}, {}
 for tenant, n in pairs(per_tenant) do
   counts[#counts + 1] = tenant
   counts[#counts + 1] = n
+  lags[#lags + 1] = tenant
+  lags[#lags + 1] = tenant_lag[tenant] or 0
 end
 local backlog = 0
 if consumed >= limit then
@@ -264,4 +269,4 @@ if consumed >= limit then
 end
 local promoted_until = wheel_promoted_until(meta_key)
 return { dispatched, first_score(due_key), now, clock_back, first_score(tag .. 'wheel'),
-  promoted_until, consumed, counts, lag_counts or {}, backlog, lag_sum, held }
+  promoted_until, consumed, counts, lag_counts or {}, backlog, lag_sum, held, lags }

@@ -113,6 +113,19 @@ class Settings:
     holding Redis long enough to delay dispatch)."""
     plan_interval_ms: int = 1_000
     """How often a scheduler node runs the planner over each shard it holds."""
+    audit_interval_ms: int = 60_000
+    """How often the continuous auditor completes a pass over every shard: one scheduler
+    node at a time holds its lease and audits a step at a time (0: no continuous audit,
+    and no canaries). A pass that needs longer than this starts the next at once."""
+    audit_step_budget: int = 1_000
+    """Records, entries, members and key names one step of the continuous auditor reads
+    at most; steps are spread over the interval, so its share of Redis and of the node's
+    CPU is about (what a pass reads) / interval."""
+    canary_interval_ms: int = 10_000
+    """How often the auditing node sends one canary task through each shard (0: none)."""
+    canary_deadline_ms: int = 5_000
+    """How long after its due time a canary may take to be acknowledged before its shard
+    counts as missing it (timewheel_canary_missing, finding canary_missing)."""
     admin_key: str = field(default="", repr=False)
     """The bootstrap admin API key (TIMEWHEEL_ADMIN_KEY); empty: no admin key. Only its
     SHA-256 is kept by the API process. Tenant keys are issued with it and live in Redis."""
@@ -220,6 +233,10 @@ class Settings:
             ("http_max_connections", 1),
             ("http_max_body_bytes", 1),
             ("storage_max_bytes", 0),
+            ("audit_interval_ms", 0),
+            ("audit_step_budget", 1),
+            ("canary_interval_ms", 0),
+            ("canary_deadline_ms", 1),
         ):
             if getattr(self, name) < least:
                 raise ConfigError(

@@ -165,7 +165,10 @@ def schema_block(schema: Schema) -> list[str]:
 def who(op: Schema) -> str:
     if "security" not in op:
         return "no key"
-    return "an admin key" if "admin" in op.get("tags", []) else "a tenant's key"
+    tags = op.get("tags", [])
+    if "admin" in tags and "tenant" in tags:
+        return "an admin key or a tenant's key"
+    return "an admin key" if "admin" in tags else "a tenant's key"
 
 
 def operation_lines(method: str, path: str, op: Schema) -> list[str]:

@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 
+from timewheel.api.audit import AUDIT_ENDPOINTS
 from timewheel.api.bodies import BodyLimits
 from timewheel.api.coalescer import CreateCoalescer
 from timewheel.api.dead_letters import DEAD_LETTER_ENDPOINTS
@@ -30,6 +31,7 @@ ENDPOINTS: list[Endpoint] = [
     *DEAD_LETTER_ENDPOINTS,
     *SCHEDULE_ENDPOINTS,
     *TENANT_ENDPOINTS,
+    *AUDIT_ENDPOINTS,
     *OPS_ENDPOINTS,
 ]
 """Every endpoint: the router and /openapi.json are built from this list."""

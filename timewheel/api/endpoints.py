@@ -34,6 +34,8 @@ from timewheel.errors import Forbidden, NotFound, PayloadTooLarge, Unauthorized
 from timewheel.tenants import ADMIN, TENANT, Principal, Tenant, TenantStore
 
 PUBLIC = "public"
+ANY_KEY = "any"
+"""An endpoint's role: an admin key or a tenant's key (the handler tells them apart)."""
 T = TypeVar("T", bound=msgspec.Struct)
 
 
@@ -87,7 +89,7 @@ class Endpoint:
     operation_id: str
     summary: str
     role: str = TENANT
-    """public | tenant (a tenant key) | admin (an admin key)."""
+    """public | tenant (a tenant key) | admin (an admin key) | any (either key)."""
     body: type[Body] | None = None
     query: type[Query] | None = None
     status: int = 200
@@ -119,6 +121,8 @@ async def _authorize(store: TenantStore, request: Request, role: str) -> Princip
     if role == PUBLIC:
         return None
     principal = await store.authenticate(request.headers.get("authorization"))
+    if role == ANY_KEY:
+        role = principal.role
     if principal.role != role:
         raise Forbidden(
             "this endpoint needs an admin key"

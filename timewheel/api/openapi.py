@@ -94,7 +94,7 @@ def _operation(e: Endpoint, components: dict[str, Schema]) -> dict[str, Any]:
     op["responses"] = responses
     if e.role != PUBLIC:
         op["security"] = [{"bearer": []}]
-        op["tags"] = ["admin" if e.role == "admin" else "tenant"]
+        op["tags"] = {"admin": ["admin"], "any": ["admin", "tenant"]}.get(e.role, ["tenant"])
     return op
 
 

@@ -8,7 +8,8 @@ both. So PostgreSQL holds every event exactly once (the primary key of run_event
 refuse a double anyway).
 
 After the commit the checkpoint is also written to the shard's meta hash ('archived',
-with the hard cap 'archive_cap'), which bounds how far lua/lib/events.lua may trim.
+with the hard cap 'archive_cap' and the time 'archived_at', which the continuous auditor
+exports), which bounds how far lua/lib/events.lua may trim.
 That copy may lag PostgreSQL's (a crash between the two): a lagging mark only trims less.
 
 `created` and `updated` events carry no payload; the archiver reads it from the run's
@@ -168,10 +169,12 @@ class Archiver:
         if not marks:
             return
         cap = self.store.settings.archive_hard_cap
+        at_ms = int(time.time() * 1000)  # archived_at: the auditor's last-commit metric
         pipe = self.store.client.pipeline(transaction=False)
         for shard, checkpoint in marks.items():
             mark = "0-0" if checkpoint is None else format_id(checkpoint)
-            pipe.hset(self.store.keys.meta(shard), mapping={"archived": mark, "archive_cap": cap})
+            fields = {"archived": mark, "archive_cap": cap, "archived_at": at_ms}
+            pipe.hset(self.store.keys.meta(shard), mapping=fields)  # type: ignore[arg-type]
         try:
             await pipe.execute()
         except (RedisError, OSError) as exc:

@@ -44,6 +44,9 @@ class AuditOptions:
     """TTL of a pass's scratch hash in each shard, renewed by every call that writes it."""
     now_ms: int | None = None
     """A clock override for the shard clock (tests); None: Redis TIME."""
+    events: bool = False
+    """Check the newest entries of each shard's event log against the records too
+    (events.py): `timewheel audit --events`, and the continuous auditor."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.batch <= MAX_BATCH:

@@ -34,7 +34,27 @@ class Kind(StrEnum):
     SCHEDULE_UNINDEXED = "schedule_unindexed"
     SCHEDULE_OVERDUE = "schedule_overdue"
     SCHEDULE_ENDED_SILENTLY = "schedule_ended_silently"
+    SHARD_UNOWNED = "shard_unowned"
+    CANARY_MISSING = "canary_missing"
+    RUN_LOST = "run_lost"
+    EVENT_STATE_MISMATCH = "event_state_mismatch"
+    ARCHIVE_RUN_LOST = "archive_run_lost"
+    USAGE_MISMATCH = "usage_mismatch"
 
+
+FOUND_IN_PYTHON = frozenset(
+    {
+        Kind.SHARD_UNOWNED,
+        Kind.CANARY_MISSING,
+        Kind.RUN_LOST,
+        Kind.EVENT_STATE_MISMATCH,
+        Kind.ARCHIVE_RUN_LOST,
+        Kind.USAGE_MISMATCH,
+    }
+)
+"""The kinds Python finds (from audit_shard's view, the canaries, the event log against
+the records: events.py, the archive against Redis: archived.py); the Lua audit
+operations find every other kind."""
 
 SUMMARY: dict[Kind, str] = {
     Kind.RECORD_CORRUPT: "a record that does not decode",
@@ -54,6 +74,12 @@ SUMMARY: dict[Kind, str] = {
     Kind.SCHEDULE_UNINDEXED: "an active schedule missing from its plan index",
     Kind.SCHEDULE_OVERDUE: "an active schedule whose next fire time passed unplanned",
     Kind.SCHEDULE_ENDED_SILENTLY: "an ended schedule that neither end_at nor max_runs ends",
+    Kind.SHARD_UNOWNED: "a shard no live scheduler node holds: its runs are not sent",
+    Kind.CANARY_MISSING: "a shard's canary not acknowledged by its deadline (continuous audit)",
+    Kind.RUN_LOST: "a run whose last event leaves it open but that has no record (--events)",
+    Kind.EVENT_STATE_MISMATCH: "a record whose state is not what its last event says (--events)",
+    Kind.ARCHIVE_RUN_LOST: "a run the archive holds open that Redis has no record of (--archive)",
+    Kind.USAGE_MISMATCH: "a tenant's count of runs not finished its records do not give (--events)",
 }
 """One line per kind, for the report."""
 
@@ -110,12 +136,18 @@ class Tally:
         self.by_kind: Counter[Kind] = Counter()
         self.by_reason: Counter[tuple[Kind, str]] = Counter()
         self.shards: dict[Kind, set[int]] = {}
+        self.by_tenant: Counter[str] = Counter()
+        """Findings per tenant (those that name one)."""
+        self.by_tenant_kind: Counter[tuple[str, Kind]] = Counter()
 
     def add(self, finding: Finding) -> None:
         self.by_kind[finding.kind] += 1
         if finding.reason:
             self.by_reason[(finding.kind, finding.reason)] += 1
         self.shards.setdefault(finding.kind, set()).add(finding.shard)
+        if finding.tenant:
+            self.by_tenant[finding.tenant] += 1
+            self.by_tenant_kind[(finding.tenant, finding.kind)] += 1
         if len(self.kept) < self.keep:
             self.kept.append(finding)
 

@@ -3,7 +3,8 @@ every primary's keyspace at the start of the pass.
 
 The indexes (due, wheel, groups) name most of them, but not a level, bucket or stream
 that fell out of its index, which is what an audit must find; so the pass SCANs for the
-key names (`{<prefix>:*}:[nwq]*`, COUNT 1000 a step) and keeps those of the shards it
+key names (`{<prefix>:*}:[nwqdu]*`, COUNT 1000 a step; the dead-letter streams
+among them are kept aside, for the continuous auditor's count) and keeps those of the shards it
 audits. One pass over the keyspace, not one per shard: on a standalone server every key
 of every shard is in one keyspace. Memory: the names of the near levels (tenants), far
 buckets and streams of the shards not audited yet, never one per run.
@@ -33,9 +34,11 @@ class ShardKeys:
     near: list[str] = field(default_factory=list)
     buckets: list[str] = field(default_factory=list)
     streams: list[str] = field(default_factory=list)
+    usage: list[str] = field(default_factory=list)
+    """Tenants with a usage hash (use:<tenant>) in the shard."""
 
     def sort(self) -> None:
-        for names in (self.near, self.buckets, self.streams):
+        for names in (self.near, self.buckets, self.streams, self.usage):
             names[:] = sorted(set(names))
 
 
@@ -50,7 +53,9 @@ class KeyDiscovery:
     def __init__(self, store: Store, shards: Iterable[int]):
         self.store = store
         self.keys: dict[int, ShardKeys] = {shard: ShardKeys() for shard in shards}
-        self.pattern = "{" + _glob_escape(store.keys.prefix) + ":*}:[nwq]*"
+        self.pattern = "{" + _glob_escape(store.keys.prefix) + ":*}:[nwqdu]*"
+        self.dead: list[str] = []
+        """Every dead-letter stream found (the continuous auditor counts their entries)."""
         client = store.client
         self._nodes: list[Any] = (
             list(client.get_primaries()) if isinstance(client, RedisCluster) else [None]
@@ -102,6 +107,12 @@ class KeyDiscovery:
         if found is None:
             return
         rest = name[len(k.tag(shard)) :]
+        if rest.startswith("dead:"):
+            self.dead.append(name)
+            return
+        if rest.startswith("use:"):
+            found.usage.append(rest[4:])
+            return
         if rest.startswith("near:"):
             found.near.append(name)
         elif rest.startswith("w:"):

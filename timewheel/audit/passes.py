@@ -20,9 +20,10 @@ from dataclasses import dataclass, field
 
 import structlog
 
+from timewheel.audit.archived import ArchiveCheck
 from timewheel.audit.calls import AuditCalls, AuditOptions
 from timewheel.audit.findings import Finding, Kind, Tally
-from timewheel.audit.keyspace import KeyDiscovery
+from timewheel.audit.keyspace import SCAN_COUNT, KeyDiscovery
 from timewheel.audit.repair import Repairer
 from timewheel.audit.shard import Examined, ShardAudit
 from timewheel.store.shard import Store
@@ -68,6 +69,9 @@ class AuditPass:
         shards: Iterable[int] | None = None,
         repair: bool = False,
         keep: int = 1000,
+        live: Iterable[str] | None = None,
+        archive: ArchiveCheck | None = None,
+        archive_limit: int | None = None,
     ) -> None:
         self.store = store
         self.options = options or AuditOptions()
@@ -78,6 +82,11 @@ class AuditPass:
         self.repairer = Repairer(self.calls) if repair else None
         self.examined = Examined()
         self.discovery = KeyDiscovery(store, self.shards)
+        self.live = None if live is None else frozenset(live)
+        self.archive = archive
+        """The archive against Redis once the shards are done, up to `archive_limit` open
+        runs (None: all)."""
+        self.archive_limit = archive_limit
         self._waiting = deque(self.shards)
         self._current: ShardAudit | None = None
         self._started = time.monotonic()
@@ -93,7 +102,8 @@ class AuditPass:
             await self.repairer.repair(finding)
 
     def _audit(self, shard: int) -> ShardAudit:
-        return ShardAudit(self.calls, shard, self.pass_id, self.discovery.take(shard), self._found)
+        keys = self.discovery.take(shard)
+        return ShardAudit(self.calls, shard, self.pass_id, keys, self._found, self.live)
 
     def _finished(self, audit: ShardAudit) -> None:
         self.examined.add(audit.examined)
@@ -101,11 +111,14 @@ class AuditPass:
     async def step(self, budget: int) -> bool:
         """Audit on for about `budget` things read; True once the pass is done."""
         while budget > 0 and not self.discovery.done:
-            budget -= max(1, await self.discovery.step())
+            # A SCAN step looks at SCAN_COUNT keys, whatever few of them it returns.
+            await self.discovery.step()
+            budget -= SCAN_COUNT
             self.examined.calls += 1
         while budget > 0 and not self.done:
             if self._current is None:
                 if not self._waiting:
+                    await self._check_archive()
                     self._end()
                     break
                 self._current = self._audit(self._waiting.popleft())
@@ -133,8 +146,17 @@ class AuditPass:
                 self._finished(audit)
 
         await asyncio.gather(*(worker() for _ in range(max(1, parallel))))
+        await self._check_archive()
         self._end()
         return self.report()
+
+    async def _check_archive(self) -> None:
+        if self.archive is None or self._seconds is not None:
+            return
+        before = self.archive.checked
+        for finding in await self.archive.check(self.archive_limit):
+            await self._found(finding)
+        self.examined.archived += self.archive.checked - before
 
     def _end(self) -> None:
         if self._seconds is None:

@@ -11,6 +11,8 @@ Phases (docs/operations/auditing.md has what each checks):
 4. confirm: what is left in the scratch hash (audit_confirm): out, and no entry.
 5. near, far: the members of every near level and far bucket (audit_near, audit_far).
 6. schedules: every schedule (audit_schedules).
+7. events, with AuditOptions.events: the newest entries of the event log against the
+   records of the runs they name (events.py).
 
 The shard's near levels, far buckets and streams are those the pass found by SCAN
 (keyspace.py) before it began.
@@ -31,6 +33,7 @@ from enum import StrEnum
 from typing import Any
 
 from timewheel.audit.calls import BODY_HASHES, MAX_KEYS_PER_CALL, AuditCalls, ShardView, Step
+from timewheel.audit.events import USE_PREFIX, EventCheck, usage_findings, usage_mark
 from timewheel.audit.findings import Finding, Kind
 from timewheel.audit.keyspace import ShardKeys
 from timewheel.schedules.model import spec_from_json
@@ -46,6 +49,7 @@ class Phase(StrEnum):
     NEAR = "near"
     FAR = "far"
     SCHEDULES = "schedules"
+    EVENTS = "events"
     DONE = "done"
 
 
@@ -68,6 +72,10 @@ class Examined:
     """Of them, those read one by one: in a level or bucket that held more (or fewer)
     members than the records phase found runs in it."""
     schedules: int = 0
+    events: int = 0
+    """Runs of the event logs judged against their records (--events)."""
+    archived: int = 0
+    """Open runs of the archive checked against Redis (--archive)."""
     keys: int = 0
     """Key names SCAN returned."""
     calls: int = 0
@@ -91,8 +99,19 @@ class _Cursor:
 class ShardAudit:
     """One shard's part of an audit pass."""
 
-    def __init__(self, calls: AuditCalls, shard: int, pass_id: str, keys: ShardKeys, sink: Sink):
+    def __init__(
+        self,
+        calls: AuditCalls,
+        shard: int,
+        pass_id: str,
+        keys: ShardKeys,
+        sink: Sink,
+        live: frozenset[str] | None = None,
+    ):
         self.calls = calls
+        self.live = live
+        """The live scheduler nodes, when the caller knows them (the continuous auditor):
+        then a shard without a live lease holder is a finding."""
         self.store: Store = calls.store
         self.shard = shard
         self.sink = sink
@@ -104,6 +123,12 @@ class ShardAudit:
         self._near = keys.near
         self._buckets = keys.buckets
         self._streams = keys.streams
+        self._events: EventCheck | None = None
+        self._usage_tenants = keys.usage
+        self._usage_from: str | None = None
+        """The shard's last event-log entry when the records phase began (usage check)."""
+        self._open: dict[str, int] = {}
+        """tenant -> its counted runs not finished, as the records phase found them."""
         self._placed: dict[str, int] = {}
         """Near level or far bucket -> the scheduled runs the records phase found in it."""
 
@@ -134,6 +159,8 @@ class ShardAudit:
 
     def _next_phase(self) -> None:
         self.phase = PHASES[PHASES.index(self.phase) + 1]
+        if self.phase is Phase.EVENTS and not self.calls.options.events:
+            self.phase = Phase.DONE
         if self.phase is Phase.SCHEDULES:
             self._placed = {}  # the near and far phases are done with it
         # A stream is read from its start when the cursor is '' (audit_stream).
@@ -143,6 +170,7 @@ class ShardAudit:
         phase = self.phase
         if phase is Phase.VIEW:
             self.view = await self.store.run(self.calls.shard(self.shard))
+            await self._check_owner(self.view)
             self._next_phase()
             return 1
         if phase is Phase.RECORDS:
@@ -157,18 +185,60 @@ class ShardAudit:
             return await self._keys_step(self._buckets, self._far_call)
         if phase is Phase.SCHEDULES:
             return await self._schedules_step()
+        if phase is Phase.EVENTS:
+            return await self._events_step()
         return 0
+
+    async def _events_step(self) -> int:
+        if self._events is None:
+            self._events = EventCheck(self.store, self.shard, self.calls.options.batch)
+        read, findings = await self._events.step()
+        for finding in findings:
+            await self.sink(finding)
+        if self._events.done:
+            self.examined.events += self._events.examined
+            self._events = None
+            self._next_phase()
+        return read
+
+    async def _check_owner(self, view: ShardView) -> None:
+        """shard_unowned, when the caller knows the live nodes (a pass run by hand has no
+        fleet to compare with: single-process and unfenced deployments hold no leases):
+        no lease, or one whose node is not alive."""
+        if self.live is None:
+            return
+        if not view.lease:
+            detail = "no scheduler node holds the shard's lease"
+        elif view.lease.rpartition("/")[0] not in self.live:
+            detail = f"its lease names {view.lease}, which is not among the live nodes"
+        else:
+            return
+        await self.sink(Finding(Kind.SHARD_UNOWNED, self.shard, "", "", detail, "unowned"))
 
     async def _records(self) -> int:
         at = self._at
+        counts = self.calls.options.events
+        if counts and self._usage_from is None:
+            self._usage_from = await usage_mark(self.store, self.shard)
         call = self.calls.records(self.shard, self.scratch, at.index, at.cursor, self.backlog)
         step = await self.store.run(call)
         await self._found_all(step)
         for key, n in (step.placed or {}).items():
-            self._placed[key] = self._placed.get(key, 0) + n
+            if key.startswith(USE_PREFIX):
+                tenant = key[len(USE_PREFIX) :]
+                self._open[tenant] = self._open.get(tenant, 0) + n
+            else:
+                self._placed[key] = self._placed.get(key, 0) + n
         self.examined.records += step.examined
         at.index, at.cursor = step.position, step.cursor
         if at.index >= BODY_HASHES:
+            if counts and self._usage_from is not None:
+                tenants = sorted(set(self._usage_tenants) | set(self._open))
+                for finding in await usage_findings(
+                    self.store, self.shard, self._usage_from, tenants, self._open
+                ):
+                    await self.sink(finding)
+            self._open = {}
             self._next_phase()
         return step.examined
 

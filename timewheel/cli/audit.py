@@ -13,6 +13,7 @@ import math
 import sys
 
 from timewheel.audit import AuditOptions, AuditPass
+from timewheel.audit.archived import ArchiveCheck
 from timewheel.audit.report import render, to_json
 from timewheel.config import Settings
 from timewheel.errors import ConfigError
@@ -32,6 +33,7 @@ async def run_audit(args: argparse.Namespace) -> int:
     options = AuditOptions(
         overdue_ms=_seconds_ms(args.overdue_s, "--overdue-s"),
         lease_grace_ms=_seconds_ms(args.lease_grace_s, "--lease-grace-s"),
+        events=args.events,
     )
     if args.limit < 0:
         raise ConfigError("--limit must be >= 0")
@@ -54,8 +56,14 @@ async def run_audit(args: argparse.Namespace) -> int:
             if not 0 <= shard < settings.shards:
                 last = settings.shards - 1
                 raise ConfigError(f"--shard {shard}: the deployment has shards 0..{last}")
+        store = Store(client, settings)
+        archive = None
+        if args.archive:
+            if not settings.postgres_dsn:
+                raise ConfigError("--archive needs the archive: set TIMEWHEEL_POSTGRES_DSN")
+            archive = ArchiveCheck(store, settings.postgres_dsn)
         audit = AuditPass(
-            Store(client, settings), options, shards=shards, repair=args.repair, keep=args.limit
+            store, options, shards=shards, repair=args.repair, keep=args.limit, archive=archive
         )
         report = await audit.run(parallel=args.parallel)
     finally:

@@ -152,6 +152,19 @@ def add_audit(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--limit", type=int, default=100, help="findings printed (default 100; all are counted)"
     )
     p.add_argument(
+        "--archive",
+        action="store_true",
+        help="also check that every run the archive (TIMEWHEEL_POSTGRES_DSN) holds as "
+        "scheduled or dispatched still has its record in Redis (archive_run_lost)",
+    )
+    p.add_argument(
+        "--events",
+        action="store_true",
+        help="also check the newest 1,000 entries of each shard's event log against the "
+        "records of the runs they name, and each tenant's usage counts against its records "
+        "(run_lost, event_state_mismatch, usage_mismatch)",
+    )
+    p.add_argument(
         "--repair",
         action="store_true",
         help="also repair what is safe to: put runs back in the wheel, hand lost deliveries "

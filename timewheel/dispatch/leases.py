@@ -118,3 +118,36 @@ class Leases:
             _released(shard),
         )
         return await self.store.run(call)
+
+
+class DutyLease:
+    """A lease on a duty one node at a time performs (the continuous auditor), with a
+    fencing epoch like a shard's: the same scripts (lua/lease_*.lua) on the duty's own
+    keys (one hash tag), so whoever holds it writes only while it still does."""
+
+    def __init__(self, store: Store, node: str, ttl_ms: int, lease_key: str, meta_key: str):
+        self.store = store
+        self.node = node
+        self.ttl_ms = ttl_ms
+        self.lease_key = lease_key
+        self.meta_key = meta_key
+
+    async def acquire(self) -> int | None:
+        """The fencing epoch if this node now holds the duty; None if another node does."""
+        s = self.store.scripts
+        call = Call(
+            s.lease_acquire, [self.lease_key, self.meta_key], [self.node, self.ttl_ms], _epoch
+        )
+        return await self.store.run(call)
+
+    async def renew(self, epoch: int) -> bool:
+        """True if still held (and extended by ttl)."""
+        s = self.store.scripts
+        call = Call(s.lease_renew, [self.lease_key], [self.node, epoch, self.ttl_ms], _renewed)
+        return await self.store.run(call)
+
+    async def release(self, epoch: int) -> bool:
+        """Give the duty up at once (graceful shutdown): another node takes it next round."""
+        s = self.store.scripts
+        call = Call(s.lease_release, [self.lease_key], [self.node, epoch], _released(-1))
+        return await self.store.run(call)

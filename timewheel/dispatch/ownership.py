@@ -60,6 +60,8 @@ class Ownership:
         """Shards the planning task is extending: a release waits for it too."""
         self.acquired = asyncio.Event()
         """Set when a round took a shard, so the loop ticks it at once."""
+        self.live: list[str] = []
+        """The live nodes as the last round saw them (the continuous auditor reads it)."""
 
     def drop(self, shard: int, reason: str, **fields: object) -> None:
         """Forget a shard at once (its lease is lost, or about to be released)."""
@@ -76,6 +78,7 @@ class Ownership:
         """Announce this node, then give up, renew and take leases to match its share."""
         assert self.leases is not None
         live = await self.leases.members()
+        self.live = live
         wanted = share_of(self.node, live, self.shards)
         owned = dict(self.state)
         renewals = [(s, st) for s, st in owned.items() if s in wanted]

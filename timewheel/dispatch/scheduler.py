@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import structlog
 
+from timewheel.audit.continuous import ContinuousAuditor
 from timewheel.dispatch.metrics import SchedulerMetrics
 from timewheel.dispatch.ownership import Ownership, ShardState
 from timewheel.dispatch.rates import SYNC_EVERY_S, DispatchRates
@@ -80,6 +81,14 @@ class Scheduler:
         self._busy = self.ownership.busy
         self._plan_next = 0  # the shard the next planning pass starts at
         self._planning: asyncio.Task[None] | None = None
+        self.metrics.shards.set(self.settings.shards)
+        self.auditor: ContinuousAuditor | None = None
+        """The continuous auditor duty (a node id and audit_interval_ms > 0 only); it
+        runs while this node holds the auditor lease."""
+        if self.node and self.settings.audit_interval_ms > 0:
+            self.auditor = ContinuousAuditor(
+                store, self.node, lease_ttl_ms, self.metrics.auditor, lambda: self.ownership.live
+            )
 
     # -- one pass ---------------------------------------------------------------------
 
@@ -386,6 +395,7 @@ class Scheduler:
         if self.ownership.leases is not None:
             await self.ownership.round()
             helpers.append(asyncio.create_task(self.ownership.keep(stop)))
+        duty = None if self.auditor is None else asyncio.create_task(self.auditor.run(stop))
         log.info("scheduler_started", node=self.node or None, shards=len(self.state))
         try:
             while not stop.is_set():
@@ -404,6 +414,10 @@ class Scheduler:
             if self._planning is not None:  # a planning pass is bounded: let it finish
                 with contextlib.suppress(TimewheelError):
                     await self._planning
+            if duty is not None:  # stop is set: its step ends, it releases the lease
+                stop.set()
+                with contextlib.suppress(TimewheelError):
+                    await duty
             for helper in helpers:
                 helper.cancel()
             for helper in helpers:

@@ -57,6 +57,8 @@ class TickResult:
     """Runs still due after the call (counted only when the call hit its limit)."""
     held: dict[str, int] = field(default_factory=dict)
     """Per tenant held back by its dispatch rate: its runs still due in this shard."""
+    tenant_lag_ms: dict[str, int] = field(default_factory=dict)
+    """Per tenant with runs dispatched: their lags added up (ms)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +101,7 @@ def _ticked(shard: int) -> Any:
     def decode(reply: list[Any]) -> TickResult:
         check(reply, action="tick", shard=shard)
         (dispatched, next_due, now, clock_back, next_bucket, promoted, consumed, per_tenant,
-         lag_counts, backlog, lag_sum, held) = reply  # fmt: skip
+         lag_counts, backlog, lag_sum, held, lags) = reply  # fmt: skip
         return TickResult(
             shard=shard,
             dispatched=int(dispatched),
@@ -114,6 +116,7 @@ def _ticked(shard: int) -> Any:
             backlog=int(backlog),
             lag_sum_ms=int(lag_sum),
             held=_tenant_counts(held),
+            tenant_lag_ms=_tenant_counts(lags),
         )
 
     return decode

@@ -136,6 +136,21 @@ class Keys:
         """STRING '<node>/<epoch>' with a TTL: who may run scheduler scripts on the shard."""
         return self.tag(shard) + "lease"
 
+    def auditor_lease(self) -> str:
+        """STRING '<node>/<epoch>' with a TTL: the scheduler node that runs the continuous
+        auditor (timewheel/audit/continuous.py). Shares its tag with auditor_meta and
+        audit_latest, so one call may touch all three on a Cluster."""
+        return f"{{{self.prefix}:audit}}:lease"
+
+    def auditor_meta(self) -> str:
+        """HASH epoch: the auditor lease's fencing counter (lua/lease_acquire.lua)."""
+        return f"{{{self.prefix}:audit}}:meta"
+
+    def audit_latest(self) -> str:
+        """STRING: JSON of the latest complete continuous audit pass, bounded in size,
+        written only by the auditor lease's holder (lua/audit_publish.lua)."""
+        return f"{{{self.prefix}:audit}}:latest"
+
     def nodes(self) -> str:
         """ZSET node id -> when it last announced itself, ms (lua/lease_members.lua): the
         live scheduler nodes."""

@@ -70,8 +70,10 @@ OPERATIONS = (
     "repair_retry",
     "repair_pending",
     "repair_plan",
+    "audit_publish",
+    "audit_archive",
 )
-READ_ONLY = ("audit_shard", "audit_near", "audit_far", "audit_schedules")
+READ_ONLY = ("audit_shard", "audit_near", "audit_far", "audit_schedules", "audit_archive")
 """Operations registered with the no-writes flag: Redis refuses any write they attempt."""
 LIBS = (
     "hash",
@@ -248,6 +250,8 @@ class Scripts:
     repair_retry: Script
     repair_pending: Script
     repair_plan: Script
+    audit_publish: Script
+    audit_archive: Script
 
     def all(self) -> list[Script]:
         return [getattr(self, name) for name in OPERATIONS]

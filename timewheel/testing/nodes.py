@@ -31,6 +31,11 @@ def settings_env(settings: Settings) -> dict[str, str]:
         "TIMEWHEEL_MISFIRE_MS": str(settings.misfire_ms),
         "TIMEWHEEL_SWEEP_MS": str(settings.sweep_ms),
         "TIMEWHEEL_RETENTION_MS": str(settings.retention_ms),
+        "TIMEWHEEL_AUDIT_INTERVAL_MS": str(settings.audit_interval_ms),
+        "TIMEWHEEL_AUDIT_STEP_BUDGET": str(settings.audit_step_budget),
+        "TIMEWHEEL_CANARY_INTERVAL_MS": str(settings.canary_interval_ms),
+        "TIMEWHEEL_CANARY_DEADLINE_MS": str(settings.canary_deadline_ms),
+        "TIMEWHEEL_POSTGRES_DSN": settings.postgres_dsn,
     }
 
 

@@ -16,6 +16,9 @@ def test_settings(redis_url: str, **overrides: object) -> Settings:
         "bucket_ms": 2_000,
         "horizon_ms": 2_000,
         "poll_cap_ms": 100,
+        # No continuous audit (and no canaries) unless a test asks for it: its runs would
+        # be in the streams and records other tests count.
+        "audit_interval_ms": 0,
     }
     values.update(overrides)
     return Settings(**values)  # type: ignore[arg-type]

@@ -1,0 +1,415 @@
+"""The continuous auditor on `timewheel scheduler` processes: faults injected into Redis
+and into the fleet show up within an audit interval as metrics and in GET /v1/audit; the
+auditor lease moves when its node stops; canaries flow, and one held back is a finding;
+a clean deployment under load reports nothing; a tenant's key sees its own findings only."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import signal
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from timewheel.api import create_app
+from timewheel.config import Settings
+from timewheel.dispatch.leases import rendezvous_owner
+from timewheel.engine import Engine
+from timewheel.runs.delivery import Delivery
+from timewheel.runs.worker import Worker
+from timewheel.store.server import find_free_port
+from timewheel.tasks.model import NewTask
+from timewheel.testing.nodes import NodeProcess
+from timewheel.testing.settings import test_settings
+from timewheel.types import ms_to_rfc3339
+
+INTERVAL_MS = 1500
+
+
+def audit_settings(url: str, **overrides: object) -> Settings:
+    values: dict[str, object] = {
+        "audit_interval_ms": INTERVAL_MS,
+        "canary_interval_ms": 500,
+        "canary_deadline_ms": 1500,
+        "admin_key": "tw_admin_test",
+    }
+    values.update(overrides)
+    return test_settings(url, **values)
+
+
+async def wait_for(check: Callable[[], Awaitable[Any]], timeout_s: float, what: str) -> Any:
+    """Poll until check() gives something truthy; returns it."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = await check()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+def scrape(port: int) -> dict[str, float]:
+    """The samples of a node's /metrics as {'name{labels}': value}."""
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            out[name] = float(value)
+    return out
+
+
+async def auditor_of(engine: Engine) -> str | None:
+    raw: Any = await engine.client.get(engine.keys.auditor_lease())
+    return None if raw is None else str(raw.decode()).rpartition("/")[0]
+
+
+@asynccontextmanager
+async def api(engine: Engine) -> AsyncIterator[httpx.AsyncClient]:
+    app = create_app(engine.settings, engine=engine)
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://tw") as client:
+        yield client
+
+
+async def tenant_key(client: httpx.AsyncClient, admin: str, tenant: str) -> str:
+    auth = {"authorization": f"Bearer {admin}"}
+    r = await client.post("/v1/tenants", json={"id": tenant}, headers=auth)
+    assert r.status_code == 201, r.text
+    r = await client.post(f"/v1/tenants/{tenant}/keys", headers=auth)
+    assert r.status_code == 201, r.text
+    key: str = r.json()["key"]
+    return key
+
+
+async def latest(client: httpx.AsyncClient, key: str) -> dict[str, Any] | None:
+    r = await client.get("/v1/audit", headers={"authorization": f"Bearer {key}"})
+    if r.status_code == 404:
+        return None
+    assert r.status_code == 200, r.text
+    doc: dict[str, Any] = r.json()
+    return doc
+
+
+def tenant_on(engine: Engine, shard: int, stem: str) -> str:
+    return next(
+        f"{stem}{i}" for i in range(10_000) if engine.store.shards_of(f"{stem}{i}")[0] == shard
+    )
+
+
+def node_names(shards: int) -> tuple[str, str]:
+    """Two node ids that both own some of the shards."""
+    for i in range(1000):
+        a, b = f"na{i}", f"nb{i}"
+        owners = {rendezvous_owner(s, [a, b]) for s in range(shards)}
+        if owners == {a, b}:
+            return a, b
+    raise AssertionError("no pair of node ids shares the shards")
+
+
+async def test_injected_faults_show_within_an_interval_and_tenants_see_their_own(
+    standalone_url: str, tmp_path: Path
+) -> None:
+    settings = audit_settings(standalone_url)
+    engine = await Engine.connect(settings)
+    port = find_free_port()
+    node = NodeProcess(settings, "solo", tmp_path, ttl_ms=2000, metrics_port=port)
+    try:
+        node.wait_started()
+        async with api(engine) as client:
+            admin = settings.admin_key
+            first = await wait_for(lambda: latest(client, admin), 20, "a first pass")
+            assert first["counts"] == {}, first
+            alpha, beta = tenant_on(engine, 1, "alpha"), tenant_on(engine, 2, "beta")
+            key_a = await tenant_key(client, admin, alpha)
+            key_b = await tenant_key(client, admin, beta)
+            far = int(time.time() * 1000) + 600_000
+            a = await engine.tasks.create(NewTask(alpha, run_at_ms=far))
+            b = await engine.tasks.create(NewTask(beta, run_at_ms=far))
+            k = engine.keys
+            # a wheel member gone: the run would never be sent
+            bucket = far - far % settings.bucket_ms
+            assert await engine.client.hdel(k.bucket(1, bucket), k.bucket_member(a.task_id)) == 1
+            # a record gone: its wheel member points at nothing
+            shard_b = engine.store.locate(b.task_id)
+            body = k.body(shard_b, b.task_id)
+            assert await engine.client.hdel(body, k.body_field(b.task_id)) == 1
+            injected = time.monotonic()
+
+            async def both_found() -> dict[str, Any] | None:
+                doc = await latest(client, admin)
+                counts = (doc or {}).get("counts", {})
+                return doc if {"not_in_wheel", "record_missing"} <= set(counts) else None
+
+            doc = await wait_for(both_found, 20, "the faults in a pass")
+            assert time.monotonic() - injected < 2 * INTERVAL_MS / 1000 + 3
+            ids = {(f["kind"], f["id"]) for f in doc["findings"]}
+            assert ("not_in_wheel", a.task_id) in ids and ("record_missing", b.task_id) in ids
+            assert doc["tenants"][alpha] == {"not_in_wheel": 1}
+            samples = scrape(port)
+            assert samples['timewheel_audit_findings{kind="not_in_wheel"}'] == 1
+            assert samples['timewheel_audit_findings{kind="record_missing"}'] >= 1
+            assert samples['timewheel_audit_tenant_findings{tenant="' + alpha + '"}'] == 1
+            assert samples["timewheel_audit_last_pass_timestamp_seconds"] > time.time() - 10
+            assert samples["timewheel_auditor"] == 1
+            assert 'event": "audit_finding"' in node.log() and a.task_id in node.log()
+
+            # a tenant's key: its own findings and counts, nobody else's
+            mine = await latest(client, key_a)
+            assert mine is not None
+            assert mine["counts"] == {"not_in_wheel": 1}
+            assert [f["id"] for f in mine["findings"]] == [a.task_id]
+            assert "tenants" not in mine
+            theirs = await latest(client, key_b)
+            assert theirs is not None
+            assert all(f["tenant"] == beta for f in theirs["findings"])
+            assert a.task_id not in str(theirs)
+            r = await client.get("/v1/audit")
+            assert r.status_code == 401
+    finally:
+        node.stop()
+        await engine.close()
+
+
+async def test_the_auditor_lease_moves_when_its_node_stops(
+    standalone_url: str, tmp_path: Path
+) -> None:
+    settings = audit_settings(standalone_url)
+    engine = await Engine.connect(settings)
+    names = ["m1", "m2"]
+    nodes = {n: NodeProcess(settings, n, tmp_path, ttl_ms=1000) for n in names}
+    try:
+        for n in nodes.values():
+            n.wait_started()
+        holder = await wait_for(lambda: auditor_of(engine), 10, "an auditor")
+        other = next(n for n in names if n != holder)
+        async with api(engine) as client:
+            doc = await wait_for(lambda: latest(client, settings.admin_key), 20, "a pass")
+            assert doc["node"] == holder
+            nodes[holder].stop()
+            assert 'event": "auditor_lease_dropped"' in nodes[holder].log()
+
+            async def moved() -> bool:
+                return await auditor_of(engine) == other
+
+            await wait_for(moved, 10, "the lease on the other node")
+
+            async def by_other() -> dict[str, Any] | None:
+                d = await latest(client, settings.admin_key)
+                return d if d is not None and d["node"] == other else None
+
+            doc = await wait_for(by_other, 20, "a pass by the other node")
+            assert doc["counts"] == {}, doc
+    finally:
+        for n in nodes.values():
+            n.stop()
+        await engine.close()
+
+
+async def test_canaries_flow_and_one_held_back_by_a_stopped_node_is_a_finding(
+    standalone_url: str, tmp_path: Path
+) -> None:
+    settings = audit_settings(standalone_url)
+    engine = await Engine.connect(settings)
+    keeper, stalled = node_names(settings.shards)
+    port = find_free_port()
+    # a lease ttl of 4 s: once the second node is stopped, its shards stay held by it,
+    # undispatched, for about 4 s before the first node takes them over
+    first = NodeProcess(settings, keeper, tmp_path, ttl_ms=4000, metrics_port=port)
+    first.wait_started()
+    second = NodeProcess(settings, stalled, tmp_path, ttl_ms=4000)
+    try:
+        second.wait_started()
+        assert await wait_for(lambda: auditor_of(engine), 10, "an auditor") == keeper
+        held = {
+            s for s in range(settings.shards) if rendezvous_owner(s, [keeper, stalled]) == stalled
+        }
+
+        async def flowing() -> dict[str, float] | None:
+            m = scrape(port)
+            acked = [
+                m.get(f'timewheel_canary_lag_seconds{{shard="{s}",stage="acked"}}')
+                for s in range(settings.shards)
+            ]
+            missing = [
+                m.get(f'timewheel_canary_missing{{shard="{s}"}}') for s in range(settings.shards)
+            ]
+            if None in acked or missing != [0.0] * settings.shards:
+                return None
+            lease: Any = await engine.client.get(engine.keys.lease(min(held)))
+            return m if lease is not None and lease.decode().startswith(stalled + "/") else None
+
+        m = await wait_for(flowing, 30, "canaries acknowledged on every shard, both nodes in")
+        for s in range(settings.shards):
+            dispatched = m[f'timewheel_canary_lag_seconds{{shard="{s}",stage="dispatched"}}']
+            assert (
+                0 <= dispatched <= m[f'timewheel_canary_lag_seconds{{shard="{s}",stage="acked"}}']
+            )
+        assert not any("~canary" in name for name in m if "tenant=" in name)
+        second.signal(signal.SIGSTOP)
+        stopped = time.monotonic()
+
+        async def missing() -> dict[str, float] | None:
+            got = scrape(port)
+            flags = {
+                s
+                for s in range(settings.shards)
+                if got[f'timewheel_canary_missing{{shard="{s}"}}'] == 1
+            }
+            return got if flags == held else None
+
+        got = await wait_for(missing, 6, "the held-back canaries missing")
+        assert time.monotonic() - stopped < 6
+        assert got['timewheel_audit_findings{kind="canary_missing"}'] == len(held)
+        async with api(engine) as client:
+
+            async def in_a_pass() -> dict[str, Any] | None:
+                doc = await latest(client, settings.admin_key)
+                counts = (doc or {}).get("counts", {})
+                return doc if counts.get("canary_missing") == len(held) else None
+
+            doc = await wait_for(in_a_pass, 6, "canary_missing in a pass")
+            shards = {f["shard"] for f in doc["findings"] if f["kind"] == "canary_missing"}
+            assert shards == held
+        assert 'event": "canary_missing"' in first.log()
+        second.signal(signal.SIGCONT)
+        second.stop()
+
+        async def recovered() -> bool:
+            got = scrape(port)
+            return all(got[f'timewheel_canary_missing{{shard="{s}"}}'] == 0 for s in held)
+
+        await wait_for(recovered, 30, "the canaries back once the shards moved")
+    finally:
+        second.signal(signal.SIGCONT)
+        second.stop()
+        first.stop()
+        await engine.close()
+
+
+async def test_a_clean_deployment_under_a_herd_and_steady_load_reports_nothing(
+    standalone_url: str, tmp_path: Path
+) -> None:
+    settings = audit_settings(standalone_url, retry_initial_ms=100)
+    engine = await Engine.connect(settings)
+    port = find_free_port()
+    node = NodeProcess(settings, "loaded", tmp_path, ttl_ms=2000, metrics_port=port)
+    tenants = ["load-a", "load-b", "load-c"]
+    acked: set[str] = set()
+
+    async def handle(d: Delivery) -> None:
+        acked.add(d.run_id)
+
+    workers = [Worker(engine.store, t, "default", concurrency=20) for t in tenants]
+    stop = asyncio.Event()
+    running = [asyncio.create_task(w.run(handle, stop)) for w in workers]
+    try:
+        node.wait_started()
+        herd_at = int(time.time() * 1000) + 1500
+        herd = [NewTask(tenants[i % 3], run_at_ms=herd_at) for i in range(3000)]
+        created = {c.task_id for c in await engine.tasks.create_many(herd)}
+        for second in range(4):  # then 200 runs a second, spread over each second
+            base = herd_at + 1000 + second * 1000
+            steady = [NewTask(tenants[i % 3], run_at_ms=base + i * 5) for i in range(200)]
+            created |= {c.task_id for c in await engine.tasks.create_many(steady)}
+
+        async def all_acked() -> bool:
+            return created <= acked
+
+        await wait_for(all_acked, 60, "every run acknowledged")
+        finished_ms = int(time.time() * 1000)
+        async with api(engine) as client:
+
+            async def pass_after() -> dict[str, Any] | None:
+                doc = await latest(client, settings.admin_key)
+                if doc is None:
+                    return None
+                return doc if doc["finished_at"] > ms_to_rfc3339(finished_ms) else None
+
+            doc = await wait_for(pass_after, 20, "a pass after the load")
+            assert doc["counts"] == {}, doc["findings"][:5]
+        samples = scrape(port)
+        assert all(v == 0 for k, v in samples.items() if k.startswith("timewheel_audit_findings{"))
+        assert all(v == 0 for k, v in samples.items() if k.startswith("timewheel_canary_missing{"))
+        for t in tenants:
+            assert samples[f'timewheel_tenant_dispatch_lag_seconds_count{{tenant="{t}"}}'] > 0
+        assert not [k for k in samples if re.search(r'tenant="~', k)]
+    finally:
+        stop.set()
+        await asyncio.gather(*running, return_exceptions=True)
+        node.stop()
+        await engine.close()
+
+
+async def test_a_stopped_archiver_shows_as_lag_and_an_old_commit(
+    standalone_url: str, postgres_dsn: str, tmp_path: Path
+) -> None:
+    from timewheel.archive import pg
+    from timewheel.archive.archiver import Archiver
+
+    settings = audit_settings(standalone_url, postgres_dsn=postgres_dsn, canary_interval_ms=0)
+    engine = await Engine.connect(settings)
+    port = find_free_port()
+    node = NodeProcess(settings, "arch", tmp_path, ttl_ms=2000, metrics_port=port)
+    conn = await pg.connect(postgres_dsn)
+    stop = asyncio.Event()
+    archiver = Archiver(engine.store, conn)
+    await archiver.start()
+    task = asyncio.create_task(archiver.run(stop, poll_interval_s=0.05))
+    try:
+        node.wait_started()
+        first = []
+        for i in range(20):
+            first.append(
+                await engine.tasks.create(
+                    NewTask(
+                        "arch-t", run_at_ms=int(time.time() * 1000) + 600_000, payload_json=str(i)
+                    )
+                )
+            )
+
+        async def caught_up() -> dict[str, float] | None:
+            m = scrape(port)
+            return m if m.get("timewheel_archiver_lag_entries") == 0 else None
+
+        m = await wait_for(caught_up, 20, "the archiver caught up, as the auditor sees it")
+        assert m["timewheel_archiver_last_commit_timestamp_seconds"] > time.time() - 10
+        assert m['timewheel_audit_findings{kind="archive_run_lost"}'] == 0
+        # a run the archive holds as scheduled loses its record in Redis
+        lost = first[0].task_id
+        shard = engine.store.locate(lost)
+        k = engine.keys
+        assert await engine.client.hdel(k.body(shard, lost), k.body_field(lost)) == 1
+
+        async def lost_found() -> bool:
+            got = scrape(port)
+            return got['timewheel_audit_findings{kind="archive_run_lost"}'] == 1
+
+        await wait_for(lost_found, 2 * INTERVAL_MS / 1000 + 5, "archive_run_lost")
+        assert lost in node.log()
+        stop.set()
+        await task
+        stopped_s = time.time()
+        for i in range(30):
+            await engine.tasks.create(
+                NewTask("arch-t", run_at_ms=int(time.time() * 1000) + 600_000, payload_json=str(i))
+            )
+
+        async def behind() -> dict[str, float] | None:
+            got = scrape(port)
+            return got if got.get("timewheel_archiver_lag_entries", 0) >= 30 else None
+
+        got = await wait_for(behind, 2 * INTERVAL_MS / 1000 + 5, "the archiver's lag")
+        assert got["timewheel_archiver_last_commit_timestamp_seconds"] <= stopped_s
+    finally:
+        stop.set()
+        await asyncio.gather(task, return_exceptions=True)
+        await archiver.conn.close()
+        node.stop()
+        await engine.close()
