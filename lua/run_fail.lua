@@ -26,7 +26,6 @@ local defaults, bucket_ms = cjson.decode(ARGV[2]), tonumber(ARGV[3])
 local now_override, event_cap, wake_channel, shard = ARGV[4], ARGV[5], ARGV[6], ARGV[7]
 local tag = string.sub(events_key, 1, -7)
 
---!include lib/record.lua
 --!include lib/delivery.lua
 --!include lib/clock.lua
 --!include lib/wheel.lua

@@ -13,7 +13,10 @@
   (runs asked for by hand count like tasks: q:<queue>, bytes; lib/usage.lua).
   Returns: {1, added, existing, first run id}   existing: run ids that were there already
            (a fire time that ran, or was backfilled, before: not run twice)
-  Errors:  {-1} NOT_FOUND     no such schedule for this tenant ]]
+  Errors:  {-1} NOT_FOUND     no such schedule for this tenant
+  Events:  a 'created' entry for the runs added (runs = 'id:tenant:queue:due_ms,...', as
+           task_create writes), so the archive knows their tenant from the start, then
+           'triggered' or 'backfilled' naming the schedule. ]]
 local meta_key, skey, events_key = KEYS[1], KEYS[2], KEYS[3]
 local sid, tenant, origin, backfill_fires = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local bucket_ms, now_override, event_cap = tonumber(ARGV[5]), ARGV[6], ARGV[7]
@@ -44,7 +47,7 @@ else
     runs[#runs + 1] = { sid .. '@' .. fire, fire }
   end
 end
-local added, existing, wake, tally = 0, 0, 0, {}
+local added, existing, wake, tally, created = 0, 0, 0, {}, {}
 for _, run in ipairs(runs) do
   local run_id, due = run[1], run[2]
   local rec = record_pack({ ST_SCHEDULED, 0, due, tenant, s.queue, now, s.payload, opts_json,
@@ -54,10 +57,16 @@ for _, run in ipairs(runs) do
       wake = 1
     end
     added = added + 1
+    created[#created + 1] = run_id .. ':' .. tenant .. ':' .. s.queue .. ':' ..
+      string.format('%d', due)
     usage_tally(tally, tenant, s.queue, #s.payload)
   else
     existing = existing + 1
   end
+end
+if #created > 0 then
+  event_emit(events_key, event_cap, 'e', 'created', 'at', string.format('%d', now),
+    'runs', table.concat(created, ','))
 end
 event_emit(events_key, event_cap, 'e', origin == 'manual' and 'triggered' or 'backfilled',
   'id', sid, 'tenant', tenant, 'at', now, 'runs', #runs)

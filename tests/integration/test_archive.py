@@ -300,7 +300,8 @@ async def test_schedule_history_falls_back_to_postgres_when_the_log_lost_it(
         await engine.dispatch.promote(shard)
         await engine.dispatch.tick(shard)
     in_redis = await schedule_history(engine.store, sched.id, sched.created_ms)
-    assert [(r.run_id, [e.kind for e in r.events]) for r in in_redis] == [(manual, ["dispatched"])]
+    kinds = [(r.run_id, [e.kind for e in r.events]) for r in in_redis]
+    assert kinds == [(manual, ["created", "dispatched"])]
     await archive_all(engine, dsn)
     shard = int(sched.id[:3], 16)
     # Trimmed away (as the cap would, once archived), then one more event in Redis only.
@@ -312,7 +313,7 @@ async def test_schedule_history_falls_back_to_postgres_when_the_log_lost_it(
     merged = await schedule_history(engine.store, sched.id, sched.created_ms)
     assert [(r.run_id, [e.kind for e in r.events]) for r in merged] == [
         (f"{sched.id}@7200000", ["skipped"]),
-        (manual, ["dispatched"]),
+        (manual, ["created", "dispatched"]),
     ]
     no_pg = Store(
         engine.client, test_settings(engine.settings.redis_url, prefix=engine.settings.prefix)

@@ -191,6 +191,11 @@ def _schedule_events(entries: Any, prefix: bytes) -> list[tuple[StreamId, str, R
                     found.append(
                         (parse_id(entry_id), run.run_id, _event(kind, f, run.attempt, run))
                     )
+        elif kind == "created" and b"runs" in f:
+            # a schedule's runs asked for by hand (trigger, backfill)
+            for rid, _, _, _ in created_runs(f):
+                if rid.encode().startswith(prefix):
+                    found.append((parse_id(entry_id), rid, _event(kind, f, 0)))
         elif f.get(b"id", b"").startswith(prefix):
             attempt = int(f[b"attempt"]) if b"attempt" in f else None
             found.append((parse_id(entry_id), f[b"id"].decode(), _event(kind, f, attempt)))

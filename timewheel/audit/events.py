@@ -22,6 +22,7 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from timewheel.archive.events import event_rows
+from timewheel.audit.counts import open_runs
 from timewheel.audit.findings import Finding, Kind
 from timewheel.errors import RedisUnavailable
 from timewheel.store import record
@@ -234,9 +235,7 @@ async def usage_findings(
     for tenant, raw in zip(tenants, hashes, strict=True):
         if tenant in moved:
             continue
-        counts = {_id(k): int(v) for k, v in (raw or {}).items()}
-        queues = sum(n for name, n in counts.items() if name.startswith("q:"))
-        counted = max(0, queues - counts.get("schedules", 0))
+        counted = open_runs(raw or {})
         actual = found.get(tenant, 0)
         if counted != actual:
             out.append(

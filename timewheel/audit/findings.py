@@ -40,6 +40,7 @@ class Kind(StrEnum):
     EVENT_STATE_MISMATCH = "event_state_mismatch"
     ARCHIVE_RUN_LOST = "archive_run_lost"
     USAGE_MISMATCH = "usage_mismatch"
+    COUNT_MISMATCH = "count_mismatch"
 
 
 FOUND_IN_PYTHON = frozenset(
@@ -50,6 +51,7 @@ FOUND_IN_PYTHON = frozenset(
         Kind.EVENT_STATE_MISMATCH,
         Kind.ARCHIVE_RUN_LOST,
         Kind.USAGE_MISMATCH,
+        Kind.COUNT_MISMATCH,
     }
 )
 """The kinds Python finds (from audit_shard's view, the canaries, the event log against
@@ -80,6 +82,7 @@ SUMMARY: dict[Kind, str] = {
     Kind.EVENT_STATE_MISMATCH: "a record whose state is not what its last event says (--events)",
     Kind.ARCHIVE_RUN_LOST: "a run the archive holds open that Redis has no record of (--archive)",
     Kind.USAGE_MISMATCH: "a tenant's count of runs not finished its records do not give (--events)",
+    Kind.COUNT_MISMATCH: "a tenant's open runs: Redis's count is not the archive's (--counts)",
 }
 """One line per kind, for the report."""
 

@@ -22,6 +22,7 @@ import structlog
 
 from timewheel.audit.archived import ArchiveCheck
 from timewheel.audit.calls import AuditCalls, AuditOptions
+from timewheel.audit.counts import CountCheck, TenantCounts
 from timewheel.audit.findings import Finding, Kind, Tally
 from timewheel.audit.keyspace import SCAN_COUNT, KeyDiscovery
 from timewheel.audit.repair import Repairer
@@ -48,6 +49,8 @@ class AuditReport:
     truncated: bool
     repairs: dict[Kind, dict[str, int]] = field(default_factory=dict)
     """kind -> {'repaired': n, 'unchanged': n}, with --repair."""
+    tenants: list[TenantCounts] = field(default_factory=list)
+    """Each tenant's counts, archive against Redis, with --counts (audit/counts.py)."""
 
     @property
     def clean(self) -> bool:
@@ -72,6 +75,7 @@ class AuditPass:
         live: Iterable[str] | None = None,
         archive: ArchiveCheck | None = None,
         archive_limit: int | None = None,
+        counts: CountCheck | None = None,
     ) -> None:
         self.store = store
         self.options = options or AuditOptions()
@@ -87,6 +91,8 @@ class AuditPass:
         """The archive against Redis once the shards are done, up to `archive_limit` open
         runs (None: all)."""
         self.archive_limit = archive_limit
+        self.counts = counts
+        """Per-tenant counts, archive against Redis, once the shards are done."""
         self._waiting = deque(self.shards)
         self._current: ShardAudit | None = None
         self._started = time.monotonic()
@@ -151,12 +157,16 @@ class AuditPass:
         return self.report()
 
     async def _check_archive(self) -> None:
-        if self.archive is None or self._seconds is not None:
+        if self._seconds is not None:
             return
-        before = self.archive.checked
-        for finding in await self.archive.check(self.archive_limit):
-            await self._found(finding)
-        self.examined.archived += self.archive.checked - before
+        if self.archive is not None:
+            before = self.archive.checked
+            for finding in await self.archive.check(self.archive_limit):
+                await self._found(finding)
+            self.examined.archived += self.archive.checked - before
+        if self.counts is not None:
+            for finding in await self.counts.check():
+                await self._found(finding)
 
     def _end(self) -> None:
         if self._seconds is None:
@@ -185,6 +195,7 @@ class AuditPass:
             findings=list(t.kept),
             truncated=t.truncated,
             repairs=repairs,
+            tenants=list(self.counts.tenants) if self.counts is not None else [],
         )
 
     def _log(self) -> None:

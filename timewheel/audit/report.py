@@ -25,6 +25,7 @@ def to_json(report: AuditReport, limit: int) -> dict[str, JSONValue]:
         "findings": [f.to_json() for f in shown],
         "findings_shown": len(shown),
         "repairs": {kind.value: dict(outcomes) for kind, outcomes in report.repairs.items()},
+        "tenants": [row.to_json() for row in report.tenants],
     }
 
 

@@ -14,6 +14,8 @@ import sys
 
 from timewheel.audit import AuditOptions, AuditPass
 from timewheel.audit.archived import ArchiveCheck
+from timewheel.audit.counts import CountCheck
+from timewheel.audit.counts import render as render_counts
 from timewheel.audit.report import render, to_json
 from timewheel.config import Settings
 from timewheel.errors import ConfigError
@@ -57,13 +59,23 @@ async def run_audit(args: argparse.Namespace) -> int:
                 last = settings.shards - 1
                 raise ConfigError(f"--shard {shard}: the deployment has shards 0..{last}")
         store = Store(client, settings)
-        archive = None
+        archive = counts = None
+        for flag, wanted in (("--archive", args.archive), ("--counts", args.counts)):
+            if wanted and not settings.postgres_dsn:
+                raise ConfigError(f"{flag} needs the archive: set TIMEWHEEL_POSTGRES_DSN")
         if args.archive:
-            if not settings.postgres_dsn:
-                raise ConfigError("--archive needs the archive: set TIMEWHEEL_POSTGRES_DSN")
             archive = ArchiveCheck(store, settings.postgres_dsn)
+        if args.counts:
+            window_ms = _seconds_ms(args.window_s, "--window-s")
+            counts = CountCheck(store, settings.postgres_dsn, window_ms=window_ms)
         audit = AuditPass(
-            store, options, shards=shards, repair=args.repair, keep=args.limit, archive=archive
+            store,
+            options,
+            shards=shards,
+            repair=args.repair,
+            keep=args.limit,
+            archive=archive,
+            counts=counts,
         )
         report = await audit.run(parallel=args.parallel)
     finally:
@@ -71,6 +83,8 @@ async def run_audit(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(to_json(report, args.limit), indent=1), flush=True)
     else:
+        if report.tenants:
+            sys.stdout.write(render_counts(report.tenants) + "\n")
         sys.stdout.write(render(report, args.limit))
         sys.stdout.flush()
     return 0 if report.clean else 1

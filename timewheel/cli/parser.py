@@ -165,6 +165,19 @@ def add_audit(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "(run_lost, event_state_mismatch, usage_mismatch)",
     )
     p.add_argument(
+        "--counts",
+        action="store_true",
+        help="also print each tenant's runs created in the --window-s by archived state, and "
+        "its runs not finished as the archive (TIMEWHEEL_POSTGRES_DSN) and Redis count them "
+        "(count_mismatch when they differ with every event archived)",
+    )
+    p.add_argument(
+        "--window-s",
+        type=float,
+        default=3600.0,
+        help="the window of --counts: runs created this long ago or later (default 3600)",
+    )
+    p.add_argument(
         "--repair",
         action="store_true",
         help="also repair what is safe to: put runs back in the wheel, hand lost deliveries "
