@@ -1,10 +1,11 @@
 # timewheel: one image for every process (api, scheduler, dev).
 #   docker build -t timewheel .
-#   docker run -p 8080:8080 -v timewheel-data:/data timewheel    # `timewheel dev`
-# Production runs Redis as its own service: see deploy/docker-compose.yml.
+#   docker run -p 8080:8080 -v timewheel-data:/data timewheel    # `timewheel dev --no-postgres`
+# Production runs Redis and PostgreSQL as their own services: see deploy/docker-compose.yml.
 FROM python:3.11-slim-bookworm
 
-# redis-server is here only for `timewheel dev` (Redis, API and scheduler in one container).
+# redis-server is here only for `timewheel dev` (Redis, API and scheduler in one container;
+# the image has no PostgreSQL server, so dev runs without the archive).
 RUN apt-get update \
     && apt-get install -y --no-install-recommends redis-server \
     && rm -rf /var/lib/apt/lists/*
@@ -29,4 +30,4 @@ WORKDIR /home/timewheel
 VOLUME /data
 
 EXPOSE 8080
-CMD ["timewheel", "dev", "--host", "0.0.0.0", "--data-dir", "/data"]
+CMD ["timewheel", "dev", "--host", "0.0.0.0", "--data-dir", "/data", "--no-postgres"]

@@ -17,7 +17,9 @@
   visibility_timeout_s, else the default) belonged to an executor that crashed or hung
   without heartbeating: it is acknowledged and deleted, and the run goes through the
   same retry policy as a failure (reason lease_expired). Executors extend their lease by
-  XCLAIM ... JUSTID, which resets the idle time. ]]
+  XCLAIM ... JUSTID, which resets the idle time. A registered group missing from its
+  stream (NOGROUP) is passed over: the executor makes it again, and registers it again
+  (SADD), when it next reads, and this call sees it from then on. ]]
 local rcall = redis.call
 local meta_key, groups_key, events_key = KEYS[1], KEYS[2], KEYS[3]
 local node, epoch, min_idle = ARGV[1], ARGV[2], tonumber(ARGV[3])
@@ -67,7 +69,13 @@ for _, member in ipairs(rcall('SMEMBERS', groups_key)) do
     if after then
       start = '(' .. after
     end
-    local pending = rcall('XPENDING', stream, group, 'IDLE', min_idle, start, '+', limit)
+    -- The group may be gone while its stream is back (a restore, a failover to a
+    -- replica that had not seen it, a deleted stream the tick wrote again): it has
+    -- nothing pending then, and its executor makes it again at its next read.
+    local pending = redis.pcall('XPENDING', stream, group, 'IDLE', min_idle, start, '+', limit)
+    if type(pending) == 'table' and pending.err then
+      pending = {}
+    end
     if #pending < limit then
       rcall('HDEL', meta_key, cursor_field)
     else

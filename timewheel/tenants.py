@@ -10,6 +10,12 @@ Limits: a tenant's own values (None: the deployment's default, Settings.tenant_*
 in the tenant's JSON; what applies and how creates are checked is timewheel/limits.py.
 Only the limits a tenant sets are written, and a reader takes the fields it knows, so
 processes of two versions side by side read each other's tenants.
+
+Every change (a tenant created, its limits changed, a key issued or revoked) then adds
+an entry naming the tenant to the change log `<prefix>:tenantlog`, which the archiver
+tails into PostgreSQL, so a restore brings tenants, limits and key hashes back
+(timewheel/archive/tenancy.py). The entry follows the change: a process dying between
+the two leaves the change to the next snapshot, which copies every tenant and key.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+import structlog
 from redis.exceptions import RedisError, WatchError
 
 from timewheel.dispatch.rates import DispatchRates
@@ -31,8 +38,12 @@ from timewheel.store.connection import RedisClient
 from timewheel.store.keys import Keys
 
 CACHE_TTL_S = 1.0
+LOG_MAXLEN = 100_000
+"""Approximate length the change log is trimmed to (the archiver reads it every round)."""
 UPDATE_TRIES = 20
 """How often update_limits reads again when a concurrent change got in first."""
+log = structlog.get_logger("timewheel.tenants")
+
 ADMIN = "admin"
 TENANT = "tenant"
 
@@ -126,6 +137,19 @@ class TenantStore:
         self._principals: dict[str, tuple[float, Principal | None]] = {}
         self._tenants: dict[str, tuple[float, Tenant | None]] = {}
 
+    async def _logged(self, tenant_id: str) -> None:
+        """Name the tenant in the change log (after its change; see the module's text)."""
+        fields = {"e": "tenant", "id": tenant_id, "at": int(time.time() * 1000)}
+        try:
+            await self.client.xadd(
+                self.keys.tenant_log(),
+                fields,  # type: ignore[arg-type]
+                maxlen=LOG_MAXLEN,
+                approximate=True,
+            )
+        except (RedisError, OSError) as exc:
+            log.warning("tenant_log_failed", tenant=tenant_id, error=str(exc))
+
     # -- tenants ------------------------------------------------------------------
 
     async def create_tenant(self, tenant_id: str, limits: Limits) -> Tenant:
@@ -138,6 +162,7 @@ class TenantStore:
             raise _err(exc) from exc
         if not added:
             raise Conflict(f"tenant {tenant_id!r} exists already")
+        await self._logged(tenant_id)
         if self.rates is not None and limits.dispatch_rate:
             await self.rates.put(tenant_id, limits.dispatch_rate)
         self._tenants.pop(tenant_id, None)
@@ -168,6 +193,7 @@ class TenantStore:
                     raise Conflict(f"tenant {tenant_id!r} kept changing; try again")
         except (RedisError, OSError) as exc:
             raise _err(exc) from exc
+        await self._logged(tenant_id)
         tenant = Tenant(tenant_id, Limits.from_json(data["limits"]), int(data["created_ms"]))
         if self.rates is not None and "dispatch_rate" in changes:
             await self.rates.put(tenant_id, tenant.limits.dispatch_rate)
@@ -207,6 +233,7 @@ class TenantStore:
             await self.client.hset(self.keys.api_keys(), digest, info)
         except (RedisError, OSError) as exc:
             raise _err(exc) from exc
+        await self._logged(tenant_id)
         return key_id, key
 
     async def revoke_key(self, tenant_id: str, key_id: str) -> None:
@@ -221,6 +248,7 @@ class TenantStore:
             await self.client.hdel(self.keys.tenant_keys(tenant_id), key_id)
         except (RedisError, OSError) as exc:
             raise _err(exc) from exc
+        await self._logged(tenant_id)
         self._principals.pop(digest.decode() if isinstance(digest, bytes) else digest, None)
 
     async def authenticate(self, authorization: str | None) -> Principal:

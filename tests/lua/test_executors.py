@@ -284,3 +284,32 @@ async def test_reaper_pages_past_entries_with_longer_timeouts(fast: Engine) -> N
     assert retried == 1
     assert (await fast.tasks.get("acme", hasty.task_id)).state == "scheduled"
     assert {(await fast.tasks.get("acme", p.task_id)).state for p in patient[:5]} == {"dispatched"}
+
+
+async def test_reaper_passes_over_a_vanished_group_and_sees_it_made_again(fast: Engine) -> None:
+    """A stream written again after its group went (a restore, a failover, a deleted
+    stream) has no group until its worker next reads: the reaper must not fail the
+    shard's whole call meanwhile (NOGROUP), and once the worker made the group again, a
+    run it read and left expires as any other."""
+    await prime(fast, NOW)
+    shard = fast.store.shards_of("acme")[0]
+    first = await fast.tasks.create(NewTask(tenant="acme", run_at_ms=NOW), now_ms=NOW)
+    await tick_all(fast, NOW + 1)
+    worker = Worker(fast.store, "acme", "default", consumer="sleepy")
+    assert [d.run_id for d in await worker.read(count=10, block_ms=100)] == [first.task_id]
+    for stream in worker.streams:
+        await fast.client.delete(stream)  # the group goes with it; the registry keeps it
+    second = await fast.tasks.create(
+        NewTask(tenant="acme", run_at_ms=NOW + 2, options={"visibility_timeout_s": 0.2}),
+        now_ms=NOW,
+    )
+    await tick_all(fast, NOW + 3)  # the tick writes the stream again, without a group
+    assert (await fast.dispatch.reap(shard)).retried == 0
+    # The worker's read loop makes its groups again on NOGROUP (ensure_groups).
+    await worker.ensure_groups()
+    got = await worker.read(count=10, block_ms=100)
+    assert [d.run_id for d in got] == [second.task_id]
+    await asyncio.sleep(0.3)
+    assert (await fast.dispatch.reap(shard)).retried == 1
+    assert (await fast.tasks.get("acme", second.task_id)).attempt == 1
+    assert (await fast.tasks.get("acme", second.task_id)).state == "scheduled"

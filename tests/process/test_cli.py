@@ -44,6 +44,8 @@ def test_dev_runs_redis_api_and_scheduler_and_stops_cleanly(tmp_path: Path) -> N
                 str(api_port),
                 "--redis-port",
                 str(redis_port),
+                # PostgreSQL's side: tests/process/test_dev_durability.py
+                "--no-postgres",
             ],
             stdout=out,
             stderr=subprocess.STDOUT,

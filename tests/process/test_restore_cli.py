@@ -135,9 +135,8 @@ async def test_restore_brings_back_pending_tasks_after_flushall(
                 want.queue,
                 want.created_ms,
             ), task_id
-        for task_id in cancelled:  # cancelled after the snapshot: not brought back
-            with pytest.raises(TaskNotFound):
-                await engine.tasks.get(tasks[task_id], task_id)
+        for task_id in cancelled:  # cancelled after the snapshot: back as cancelled
+            assert (await engine.tasks.get(tasks[task_id], task_id)).state == "cancelled"
         # Dispatched and not acknowledged at the wipe: back, due, same run id, next attempt.
         for task_id in unacked:
             got = await engine.tasks.get(
@@ -284,3 +283,78 @@ async def test_schedules_come_back_and_resume_per_their_catchup_policy(
         assert max(sent[skip.id]) > restarted_ms and max(sent[latest.id]) > restarted_ms
     finally:
         await engine.close()
+
+
+async def test_dry_run_writes_nothing_and_restore_reports_progress_and_one_summary(
+    own_redis: RedisServer, postgres_dsn: str
+) -> None:
+    settings = test_settings(own_redis.url, postgres_dsn=postgres_dsn, shards=2)
+    dsn_args = ["--postgres-dsn", postgres_dsn, "--redis-url", own_redis.url]
+    engine = await Engine.connect(settings)
+    try:
+        made = await engine.tasks.create_many(
+            [NewTask(tenant=f"t{i % 3}", delay_ms=HOUR_MS) for i in range(12)]
+        )
+        await engine.tasks.cancel("t0", made[0].task_id)
+        await archive_all(engine, postgres_dsn)
+        assert run_cli(["snapshot", *dsn_args], settings).returncode == 0
+        await engine.client.flushall()
+
+        dry = run_cli(["restore", "--dry-run", *dsn_args], settings)
+        assert dry.returncode == 0, dry.stderr
+        lines = dry.stdout.strip().splitlines()
+        assert [line.split(":")[0] for line in lines[:-1]] == ["shard 0", "shard 1"]
+        pending = sum(int(line.split(": ")[1].split()[0]) for line in lines[:-1])
+        assert pending == 11
+        assert lines[-1].startswith("would restore 11 runs from snapshot 1 (1 finished, ")
+        assert await engine.client.dbsize() == 0  # nothing written, not even the layout
+
+        done = run_cli(["restore", *dsn_args], settings)
+        assert done.returncode == 0, done.stderr
+        [summary] = done.stdout.strip().splitlines()
+        assert summary.startswith("restored 11 runs from snapshot 1 (1 finished, 0 dead")
+        assert summary.endswith(" s") and " in " in summary
+        assert "restore_progress" in done.stderr and "steps=4" in done.stderr
+        assert (await engine.tasks.get("t0", made[0].task_id)).state == "cancelled"
+    finally:
+        await engine.close()
+
+
+def test_restore_draws_a_progress_bar_on_a_terminal(
+    own_redis: RedisServer, postgres_dsn: str
+) -> None:
+    """stderr a terminal: a bar (rich) instead of log lines; stdout keeps its one line."""
+    import pty
+
+    settings = test_settings(own_redis.url, postgres_dsn=postgres_dsn, shards=2)
+    dsn_args = ["--postgres-dsn", postgres_dsn, "--redis-url", own_redis.url]
+    assert run_cli(["snapshot", *dsn_args], settings).returncode == 0, "snapshot"
+    main, secondary = pty.openpty()
+    try:
+        done = subprocess.run(
+            [*CLI, "restore", "--force", *dsn_args],  # the snapshot wrote the layout
+            env={**cli_env(settings), "COLUMNS": "100"},
+            stdout=subprocess.PIPE,
+            stderr=secondary,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            timeout=120,
+        )
+        os.close(secondary)
+        secondary = -1
+        drawn = b""
+        for _ in range(1000):  # bounded: read what the pty holds until it is closed
+            try:
+                chunk = os.read(main, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            drawn += chunk
+    finally:
+        if secondary >= 0:
+            os.close(secondary)
+        os.close(main)
+    assert done.returncode == 0, drawn
+    assert done.stdout.startswith("restored 0 runs from snapshot 1")
+    assert b"restore" in drawn and b"restore_progress" not in drawn

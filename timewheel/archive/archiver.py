@@ -29,7 +29,7 @@ import psycopg
 import structlog
 from redis.exceptions import RedisError
 
-from timewheel.archive import pg
+from timewheel.archive import pg, tenancy
 from timewheel.archive.events import (
     EVENT_COLUMNS,
     StreamId,
@@ -102,6 +102,8 @@ class Archiver:
         self.conn = conn
         self.batch = store.settings.archive_batch
         self.checkpoints: dict[int, StreamId | None] = {}
+        self.tenant_checkpoint: StreamId | None = None
+        """The tenant change log's (timewheel/archive/tenancy.py)."""
         self.archived_total = 0
 
     async def start(self) -> None:
@@ -126,6 +128,7 @@ class Archiver:
             raise PostgresUnavailable(f"cannot read the checkpoints: {exc}") from exc
         stored = {int(str(r[0])): (int(str(r[1])), int(str(r[2]))) for r in rows}
         self.checkpoints = {s: stored.get(s) for s in range(self.store.settings.shards)}
+        self.tenant_checkpoint = stored.get(tenancy.LOG_SHARD)
         await self._mark(dict(self.checkpoints))
 
     async def recover(self, dsn: str) -> None:
@@ -239,8 +242,12 @@ class Archiver:
     async def run_once(self) -> int:
         """One round over every shard; returns the number of entries archived."""
         read = await self._read()
-        if not read:
+        named, tenant_position = await tenancy.read_log(
+            self.store.client, self.store.keys, self.tenant_checkpoint, self.batch
+        )
+        if not read and tenant_position is None:
             return 0
+        tenants = await tenancy.read_tenants(self.store.client, self.store.keys, named)
         rows: list[list[Any]] = []
         advanced: dict[int, StreamId | None] = {}
         for shard, entries in read.items():
@@ -267,15 +274,20 @@ class Archiver:
                     await cur.execute(
                         "DELETE FROM schedules WHERE schedule_id = ANY(%s)", (deletes,)
                     )
+                await tenancy.write_tenants(cur, tenants)
+                if tenant_position is not None:
+                    advanced[tenancy.LOG_SHARD] = tenant_position
                 await cur.executemany(
                     _UPSERT_CHECKPOINT,
                     [(s, cp[0], cp[1]) for s, cp in advanced.items() if cp is not None],
                 )
         except psycopg.Error as exc:
             raise PostgresUnavailable(f"archiving a batch failed: {exc}") from exc
+        if tenant_position is not None:
+            self.tenant_checkpoint = advanced.pop(tenancy.LOG_SHARD)
         self.checkpoints.update(advanced)
         await self._mark(advanced)
-        count = sum(len(entries) for entries in read.values())
+        count = sum(len(entries) for entries in read.values()) + len(named)
         self.archived_total += count
         return count
 

@@ -1,30 +1,41 @@
 """Restore: rebuild an empty Redis from the newest snapshot plus the events archived after it.
 
-Per shard: load the snapshot's runs, replay that shard's run_events after the snapshot's
-position in order (each event sets absolute values, see timewheel/archive/snapshot.py), and
-write the runs that end up pending (scheduled, or dispatched and not acknowledged)
-through lua/restore_runs.lua, which owns the record format and the wheel placement. Runs
-keep their ids, run ids, payloads and due times; a run that was dispatched but not
-acknowledged is dispatched again under the same run id (executors deduplicate by it).
+First the tenants, their limits and the hashes of their live API keys
+(timewheel/archive/tenancy.py). Then per shard: load the snapshot's runs, replay that
+shard's run_events after the snapshot's position in order (each event sets absolute
+values, see timewheel/archive/snapshot.py), and write
+- the runs that end up pending (scheduled, or dispatched and not acknowledged) through
+  lua/restore_runs.lua, which owns the record format and the wheel placement. Runs keep
+  their ids, run ids, payloads and due times; a run that was dispatched but not
+  acknowledged is dispatched again under the same run id (executors deduplicate by it);
+- the dead-lettered runs, with a dead letter each (reason and last error as archived),
+  and the succeeded and cancelled runs that finished within the retention window,
+  through lua/restore_finished.lua: an idempotency key of a finished task still finds
+  its task, and dispatch_expire.lua deletes the record when its retention ends.
+Last the schedules, with their cursors. Every Lua call counts what it writes in the
+tenant's usage hashes, so limits (max_pending, bytes, queues, schedules) hold at once.
 
-What is not restored: finished records (succeeded, cancelled: so an idempotency key of
-a finished task no longer dedupes), dead letters (their history is in run_events), and
-events Redis wrote after the archiver's last commit.
+`dry_run` reads PostgreSQL only and reports what a restore would write; `progress`
+hears of each step (timewheel/archive/progress.py draws it for the CLI).
+
+What is not restored: events Redis wrote after the archiver's last commit, and finished
+records whose retention had ended.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import Any
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import psycopg
 import structlog
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 
-from timewheel.archive import pg
+from timewheel.archive import pg, tenancy
 from timewheel.archive.events import EVENT_COLUMNS
 from timewheel.config import Settings
 from timewheel.errors import ConfigError, PostgresUnavailable, RedisUnavailable, RestoreRefused
@@ -39,6 +50,7 @@ RUNS_PER_CALL = 200
 """Runs per restore_runs.lua call (its header's limit)."""
 CALLS_PER_PIPELINE = 16
 PENDING = ("scheduled", "dispatched")
+FINISHED = ("succeeded", "cancelled", "dead")
 
 
 @dataclass(slots=True)
@@ -56,6 +68,8 @@ class RestoredRun:
     updated_ms: int | None = None
     last_error: str | None = None
     schedule_id: str | None = None
+    reason: str | None = None
+    """Why a dead run was buried (its `dead` event's reason)."""
 
     def args(self, run_id: str) -> list[str | int]:
         """The 11 values lua/restore_runs.lua takes per run."""
@@ -73,14 +87,94 @@ class RestoredRun:
             self.schedule_id or "",
         ]
 
+    def finished_args(self, run_id: str) -> list[str | int]:
+        """The 13 values lua/restore_finished.lua takes per run."""
+        return [
+            run_id,
+            self.state,
+            self.attempt,
+            self.due_ms,
+            self.tenant or "",
+            self.queue or "",
+            self.created_ms,
+            self.payload or "null",
+            self.opts or "",
+            self.finished_ms,
+            self.last_error or "",
+            self.schedule_id or "",
+            self.reason or "failed",
+        ]
+
+    @property
+    def finished_ms(self) -> int:
+        return self.created_ms if self.updated_ms is None else self.updated_ms
+
+
+@dataclass(frozen=True, slots=True)
+class ShardSummary:
+    """What restore wrote (or, dry, would write) into one shard."""
+
+    shard: int
+    pending: int = 0
+    finished: int = 0
+    """Succeeded and cancelled runs within retention."""
+    dead: int = 0
+    events_replayed: int = 0
+    existing: int = 0
+    expired: int = 0
+    """Finished runs left out: their retention had ended."""
+    skipped_no_payload: int = 0
+
 
 @dataclass(frozen=True, slots=True)
 class RestoreResult:
     snapshot_id: int
     restored: int
+    """Pending runs written."""
     existing: int
     events_replayed: int
     skipped_no_payload: int
+    finished: int = 0
+    dead: int = 0
+    expired: int = 0
+    schedules: int = 0
+    tenants: int = 0
+    keys: int = 0
+    revoked_keys: int = 0
+    """Revoked keys, left out."""
+    seconds: float = 0.0
+    dry_run: bool = False
+    shards: Sequence[ShardSummary] = field(default_factory=tuple)
+
+    def summary(self) -> str:
+        """The one line the CLI ends with."""
+        verb = "would restore" if self.dry_run else "restored"
+        return (
+            f"{verb} {self.restored} runs from snapshot {self.snapshot_id} "
+            f"({self.finished} finished, {self.dead} dead letters, {self.schedules} schedules, "
+            f"{self.tenants} tenants, {self.keys} keys; {self.events_replayed} events "
+            f"replayed, {self.existing} already present, {self.expired} past retention, "
+            f"{self.skipped_no_payload} skipped for lack of a payload) in {self.seconds:.1f} s"
+        )
+
+
+class Progress(Protocol):
+    """Hears of restore's steps: `begin` with their number, `step` after each."""
+
+    def begin(self, steps: int) -> None: ...
+    def step(self, what: str, **counts: int) -> None: ...
+    def end(self) -> None: ...
+
+
+class _Quiet:
+    def begin(self, steps: int) -> None:
+        del steps
+
+    def step(self, what: str, **counts: int) -> None:
+        del what, counts
+
+    def end(self) -> None:
+        pass
 
 
 def apply_event(runs: dict[str, RestoredRun], ev: dict[str, Any]) -> None:
@@ -100,7 +194,7 @@ def apply_event(runs: dict[str, RestoredRun], ev: dict[str, Any]) -> None:
         return
     run = runs.get(run_id)
     if run is None:
-        return  # not pending at the snapshot and not created since: nothing to restore
+        return  # neither in the snapshot nor created since: gone before it, nothing to do
     if kind == "purged":
         del runs[run_id]
         return
@@ -114,11 +208,15 @@ def apply_event(runs: dict[str, RestoredRun], ev: dict[str, Any]) -> None:
         run.state, run.attempt, run.due_ms = "scheduled", ev["attempt"], ev["due_ms"]
         run.last_error = ev["error"]
     elif kind == "replayed":
-        run.state, run.attempt, run.due_ms = "scheduled", 0, at
+        run.state, run.attempt, run.due_ms, run.reason = "scheduled", 0, at, None
     elif kind in ("cancelled", "acked", "dead"):
         run.state = {"cancelled": "cancelled", "acked": "succeeded", "dead": "dead"}[kind]
         if ev["error"] is not None:
             run.last_error = ev["error"]
+        if kind == "dead":
+            run.reason = ev["reason"]
+            if ev["attempt"] is not None:
+                run.attempt = ev["attempt"]
 
 
 async def _key_count(client: RedisClient) -> int:
@@ -134,44 +232,101 @@ async def _key_count(client: RedisClient) -> int:
         raise RedisUnavailable(f"cannot count keys: {exc}") from exc
 
 
-async def restore(settings: Settings, *, force: bool = False) -> RestoreResult:
+async def restore(
+    settings: Settings,
+    *,
+    force: bool = False,
+    dry_run: bool = False,
+    progress: Progress | None = None,
+) -> RestoreResult:
     """Rebuild the deployment in `settings.redis_url` from `settings.postgres_dsn`.
+
+    `dry_run`: read PostgreSQL only, write nothing (Redis is not even connected to),
+    and return what a restore would write.
 
     Raises:
         RestoreRefused: Redis holds keys and `force` is false, or there is no snapshot.
         ConfigError: the snapshot was taken with another prefix, shard count or bucket width.
         PostgresUnavailable, RedisUnavailable: a server failed.
     """
-    async with pg.connection(settings.postgres_dsn) as conn:
-        snapshot = await _newest_snapshot(conn, settings)
-        client = await connect(settings.redis_url)
-        store = Store(client, settings)
-        try:
-            keys = await _key_count(client)
-            if keys and not force:
-                raise RestoreRefused(
-                    f"Redis at {settings.redis_url} is not empty ({keys} keys); restore "
-                    "writes into an empty Redis only (pass --force to add the snapshot's "
-                    "runs to it, leaving runs already there untouched)"
-                )
-            await deployment.ensure_layout(client, settings)
-            totals = [0, 0, 0, 0]
-            for shard in range(settings.shards):
-                done = await _restore_shard(store, conn, snapshot, shard)
-                totals = [a + b for a, b in zip(totals, done, strict=True)]
-            await write_schedule_hashes(store, conn, snapshot)
-        finally:
-            await store.close()
-    result = RestoreResult(snapshot, *totals)
+    began = time.monotonic()
+    steps = progress or _Quiet()
+    cutoff_ms = int(time.time() * 1000) - settings.retention_ms
+    try:
+        async with pg.connection(settings.postgres_dsn) as conn:
+            snapshot = await _newest_snapshot(conn, settings)
+            archived = await tenancy.load(conn)
+            steps.begin(settings.shards + 2)
+            if dry_run:
+                steps.step("tenants", tenants=len(archived.tenants), keys=len(archived.keys))
+                shards = []
+                for shard in range(settings.shards):
+                    plan = await _plan_shard(conn, snapshot, shard, cutoff_ms)
+                    shards.append(plan.summary(shard))
+                    steps.step(f"shard {shard}", **_counts(shards[-1]))
+                schedules = await _schedule_count(conn)
+                steps.step("schedules", schedules=schedules)
+            else:
+                client = await connect(settings.redis_url)
+                store = Store(client, settings)
+                try:
+                    keys = await _key_count(client)
+                    if keys and not force:
+                        raise RestoreRefused(
+                            f"Redis at {settings.redis_url} is not empty ({keys} keys); restore "
+                            "writes into an empty Redis only (pass --force to add the snapshot's "
+                            "runs to it, leaving runs already there untouched)"
+                        )
+                    await deployment.ensure_layout(client, settings)
+                    await tenancy.write_back(client, store.keys, archived)
+                    await _open_tenant_log(store, conn)
+                    steps.step("tenants", tenants=len(archived.tenants), keys=len(archived.keys))
+                    shards = []
+                    for shard in range(settings.shards):
+                        shards.append(await _restore_shard(store, conn, snapshot, shard, cutoff_ms))
+                        steps.step(f"shard {shard}", **_counts(shards[-1]))
+                    schedules = await write_schedule_hashes(store, conn, snapshot)
+                    steps.step("schedules", schedules=schedules)
+                finally:
+                    await store.close()
+    finally:
+        steps.end()
+    result = RestoreResult(
+        snapshot,
+        restored=sum(s.pending for s in shards),
+        existing=sum(s.existing for s in shards),
+        events_replayed=sum(s.events_replayed for s in shards),
+        skipped_no_payload=sum(s.skipped_no_payload for s in shards),
+        finished=sum(s.finished for s in shards),
+        dead=sum(s.dead for s in shards),
+        expired=sum(s.expired for s in shards),
+        schedules=schedules,
+        tenants=len(archived.tenants),
+        keys=len(archived.keys),
+        revoked_keys=archived.revoked,
+        seconds=time.monotonic() - began,
+        dry_run=dry_run,
+        shards=tuple(shards),
+    )
     log.info(
-        "restored",
+        "restore_planned" if dry_run else "restored",
         snapshot_id=snapshot,
         runs=result.restored,
+        finished=result.finished,
+        dead=result.dead,
+        schedules=result.schedules,
+        tenants=result.tenants,
+        keys=result.keys,
         existing=result.existing,
         events_replayed=result.events_replayed,
         skipped_no_payload=result.skipped_no_payload,
+        seconds=round(result.seconds, 3),
     )
     return result
+
+
+def _counts(s: ShardSummary) -> dict[str, int]:
+    return {"pending": s.pending, "finished": s.finished, "dead": s.dead}
 
 
 async def _newest_snapshot(conn: psycopg.AsyncConnection[tuple[object, ...]], s: Settings) -> int:
@@ -197,9 +352,40 @@ async def _newest_snapshot(conn: psycopg.AsyncConnection[tuple[object, ...]], s:
     return int(snapshot_id)
 
 
-async def _restore_shard(
-    store: Store, conn: psycopg.AsyncConnection[tuple[object, ...]], snapshot: int, shard: int
-) -> list[int]:
+@dataclass(slots=True)
+class _ShardPlan:
+    """A shard's runs after the replay, sorted by what restore does with them."""
+
+    pending: list[tuple[str, RestoredRun]]
+    finished: list[tuple[str, RestoredRun]]
+    replayed: int
+    expired: int
+    no_payload: list[str]
+
+    def summary(self, shard: int) -> ShardSummary:
+        """What a restore would write (dry run)."""
+        dead = sum(1 for _, run in self.finished if run.state == "dead")
+        return self.written(shard, len(self.pending), len(self.finished) - dead, dead, 0)
+
+    def written(
+        self, shard: int, pending: int, finished: int, dead: int, existing: int
+    ) -> ShardSummary:
+        return ShardSummary(
+            shard,
+            pending=pending,
+            finished=finished,
+            dead=dead,
+            events_replayed=self.replayed,
+            existing=existing,
+            expired=self.expired,
+            skipped_no_payload=len(self.no_payload),
+        )
+
+
+async def _plan_shard(
+    conn: psycopg.AsyncConnection[tuple[object, ...]], snapshot: int, shard: int, cutoff_ms: int
+) -> _ShardPlan:
+    """Load the snapshot's runs of a shard and replay its events after the snapshot."""
     runs: dict[str, RestoredRun] = {}
     cur = await conn.execute(
         "SELECT run_id, state, attempt, due_ms, tenant, queue, created_ms, payload, opts,"
@@ -225,13 +411,70 @@ async def _restore_shard(
     async for row in cur:
         apply_event(runs, dict(zip(EVENT_COLUMNS, row, strict=True)))
         replayed += 1
-    pending = [(rid, run) for rid, run in runs.items() if run.state in PENDING]
-    no_payload = [rid for rid, run in pending if run.payload is None]
+    with_payload = {rid: run for rid, run in runs.items() if run.payload is not None}
+    no_payload = [rid for rid, run in runs.items() if run.payload is None and run.state in PENDING]
     if no_payload:
         log.warning("restore_skipped_no_payload", shard=shard, runs=no_payload[:20])
-    written, existing = await _write(store, shard, (p for p in pending if p[1].payload is not None))
+    pending = [(rid, run) for rid, run in with_payload.items() if run.state in PENDING]
+    finished, expired = [], 0
+    for rid, run in with_payload.items():
+        if run.state == "dead":
+            finished.append((rid, run))
+        elif run.state in FINISHED:
+            if run.finished_ms >= cutoff_ms:
+                finished.append((rid, run))
+            else:
+                expired += 1
+    unknown = {rid: run for rid, run in finished if run.state == "dead" and run.reason is None}
+    await _dead_reasons(conn, shard, unknown)
+    return _ShardPlan(pending, finished, replayed, expired, no_payload)
+
+
+async def _dead_reasons(
+    conn: psycopg.AsyncConnection[tuple[object, ...]], shard: int, dead: dict[str, RestoredRun]
+) -> None:
+    """Fill in why each dead run was buried from its last archived `dead` event (the
+    record holds no reason: a run buried before the snapshot has it in run_events only)."""
+    if not dead:
+        return
+    cur = await conn.execute(
+        "SELECT DISTINCT ON (run_id) run_id, reason FROM run_events"
+        " WHERE shard = %s AND kind = 'dead' AND run_id = ANY(%s)"
+        " ORDER BY run_id, id_ms DESC, id_seq DESC",
+        (shard, list(dead)),
+    )
+    async for rid, reason in cur:
+        if reason is not None:
+            dead[str(rid)].reason = str(reason)
+
+
+async def _restore_shard(
+    store: Store,
+    conn: psycopg.AsyncConnection[tuple[object, ...]],
+    snapshot: int,
+    shard: int,
+    cutoff_ms: int,
+) -> ShardSummary:
+    plan = await _plan_shard(conn, snapshot, shard, cutoff_ms)
+    written, existing = await _write(store, shard, plan.pending)
+    dead = [(rid, run) for rid, run in plan.finished if run.state == "dead"]
+    done = [(rid, run) for rid, run in plan.finished if run.state != "dead"]
+    dead_written, dead_existing = await _write(store, shard, dead, finished=True)
+    done_written, done_existing = await _write(store, shard, done, finished=True)
     await _mark_restored(store, conn, snapshot, shard, written)
-    return [written, existing, replayed, len(no_payload)]
+    existing += dead_existing + done_existing
+    return plan.written(shard, written, done_written, dead_written, existing)
+
+
+async def _open_tenant_log(store: Store, conn: psycopg.AsyncConnection[tuple[object, ...]]) -> None:
+    """The tenant change log's first entry, past the archiver's checkpoint (as each
+    shard's event log: see _mark_restored)."""
+    cur = await conn.execute(
+        "SELECT last_ms, last_seq FROM archive_checkpoints WHERE shard = %s",
+        (tenancy.LOG_SHARD,),
+    )
+    row = await cur.fetchone()
+    await _open_log(store, store.keys.tenant_log(), row, {"e": "restored"})
 
 
 async def _mark_restored(
@@ -250,25 +493,38 @@ async def _mark_restored(
         "SELECT last_ms, last_seq FROM archive_checkpoints WHERE shard = %s", (shard,)
     )
     row = await cur.fetchone()
-    client, key = store.client, store.keys.events(shard)
+    fields = {"e": "restored", "snapshot": snapshot, "runs": written}
+    await _open_log(store, store.keys.events(shard), row, fields)
+
+
+async def _open_log(
+    store: Store, key: str, checkpoint: tuple[object, ...] | None, fields: dict[str, Any]
+) -> None:
+    client = store.client
     try:
         sec, usec = await client.time()
         now_ms = int(sec) * 1000 + int(usec) // 1000
         entry_id = "*"
-        if row is not None and int(str(row[0])) >= now_ms:
-            entry_id = f"{int(str(row[0]))}-{int(str(row[1])) + 1}"
-        fields = {"e": "restored", "snapshot": snapshot, "runs": written, "at": now_ms}
-        await client.xadd(key, fields, id=entry_id)  # type: ignore[arg-type]
+        if checkpoint is not None and int(str(checkpoint[0])) >= now_ms:
+            entry_id = f"{int(str(checkpoint[0]))}-{int(str(checkpoint[1])) + 1}"
+        await client.xadd(key, {**fields, "at": now_ms}, id=entry_id)  # type: ignore[dict-item]
     except (RedisError, OSError) as exc:
-        raise RedisUnavailable(f"cannot write the restored event of shard {shard}: {exc}") from exc
+        raise RedisUnavailable(f"cannot open the log {key}: {exc}") from exc
 
 
 async def _write(
-    store: Store, shard: int, pending: Iterable[tuple[str, RestoredRun]]
+    store: Store,
+    shard: int,
+    pending: Iterable[tuple[str, RestoredRun]],
+    *,
+    finished: bool = False,
 ) -> tuple[int, int]:
-    """Write runs through lua/restore_runs.lua, RUNS_PER_CALL per call, CALLS_PER_PIPELINE calls
-    per round trip (each call stays short; the pipeline only saves round trips)."""
-    script, keys = store.scripts.restore_runs, [store.keys.meta(shard)]
+    """Write runs through lua/restore_runs.lua (pending ones) or lua/restore_finished.lua,
+    RUNS_PER_CALL per call, CALLS_PER_PIPELINE calls per round trip (each call stays
+    short; the pipeline only saves round trips)."""
+    scripts = store.scripts
+    script = scripts.restore_finished if finished else scripts.restore_runs
+    keys = [store.keys.meta(shard)]
     calls: list[Call[tuple[int, int]]] = []
     group: list[ScriptArg] = []
     count = written = existing = 0
@@ -281,7 +537,7 @@ async def _write(
         calls = []
 
     for run_id, run in pending:
-        group.extend(run.args(run_id))
+        group.extend(run.finished_args(run_id) if finished else run.args(run_id))
         count += 1
         if count == RUNS_PER_CALL:
             calls.append(Call(script, keys, [store.settings.bucket_ms, count, *group], _restored))
@@ -329,6 +585,15 @@ async def write_schedule_hashes(
         written += await store.run(call)
     log.info("schedules_restored", schedules=written)
     return written
+
+
+async def _schedule_count(conn: psycopg.AsyncConnection[tuple[object, ...]]) -> int:
+    try:
+        cur = await conn.execute("SELECT count(*) FROM schedules")
+        row = await cur.fetchone()
+    except psycopg.Error as exc:
+        raise PostgresUnavailable(f"cannot count archived schedules: {exc}") from exc
+    return int(str(row[0])) if row else 0
 
 
 def _schedule_restored(reply: list[Any]) -> int:

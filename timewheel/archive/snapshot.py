@@ -1,4 +1,5 @@
-"""Snapshots: a copy of every pending run (and schedule) into PostgreSQL, read in small steps.
+"""Snapshots: a copy of every run record (pending, dead, and finished within retention),
+every schedule, and every tenant and API key hash into PostgreSQL, read in small steps.
 
 Per shard the snapshot first reads the event log's newest entry id (the shard's position),
 then copies the run records with HSCAN of each body hash: a listpack-sized hash answers in
@@ -8,6 +9,8 @@ after the position is in the event log after it, which the archiver stores in
 run_events. Restore replays those events, in order, on top of the copied records, and
 each event sets absolute values (state, attempt, due time), so the result is the state
 at the last archived event (redo from a fuzzy checkpoint).
+
+Tenants and keys are copied by timewheel/archive/tenancy.py (global keys, HSCAN).
 
 The whole snapshot is one PostgreSQL transaction: a snapshot that died half way leaves
 nothing behind, and `finished_at` marks the complete ones.
@@ -25,6 +28,7 @@ import structlog
 from redis.exceptions import RedisError
 
 from timewheel import ids
+from timewheel.archive import tenancy
 from timewheel.errors import PostgresUnavailable, RedisUnavailable
 from timewheel.store import record
 from timewheel.store.shard import Store
@@ -41,8 +45,16 @@ KEYS_PER_ROUND_TRIP = 128
 """Body hashes asked for in one pipeline: bounds the memory of a step, not Redis time."""
 KEEP_SNAPSHOTS = 3
 """Complete snapshots kept; older ones are deleted by the snapshot that completes."""
-SNAPSHOT_STATES = (TaskState.SCHEDULED, TaskState.DISPATCHED, TaskState.DEAD)
-"""Copied states: pending runs, and dead ones (a later `replayed` event brings them back)."""
+SNAPSHOT_STATES = (
+    TaskState.SCHEDULED,
+    TaskState.DISPATCHED,
+    TaskState.DEAD,
+    TaskState.SUCCEEDED,
+    TaskState.CANCELLED,
+)
+"""Copied states: pending runs, dead ones (their dead letters; a later `replayed` event
+brings them back), and finished ones (Redis keeps those for the retention window only:
+their idempotency keys still dedupe after a restore)."""
 
 TASK_COLUMNS = (
     "snapshot_id",
@@ -76,6 +88,8 @@ class SnapshotResult:
     snapshot_id: int
     tasks: int
     schedules: int
+    tenants: int = 0
+    keys: int = 0
 
 
 async def read_schedule_hashes(store: Store, shard: int) -> list[ScheduleCopy]:
@@ -203,6 +217,7 @@ async def take_snapshot(
                 )
                 tasks += await _copy_tasks(store, cur, snapshot_id, shard)
                 schedules += await _copy_schedules(store, cur, snapshot_id, shard)
+            tenants, keys = await tenancy.copy_all(store.client, store.keys, cur)
             await cur.execute(
                 "UPDATE snapshots SET finished_at = now(), tasks = %s, schedules = %s"
                 " WHERE snapshot_id = %s",
@@ -216,8 +231,15 @@ async def take_snapshot(
             )
     except psycopg.Error as exc:
         raise PostgresUnavailable(f"snapshot failed: {exc}") from exc
-    log.info("snapshot_taken", snapshot_id=snapshot_id, tasks=tasks, schedules=schedules)
-    return SnapshotResult(snapshot_id, tasks, schedules)
+    log.info(
+        "snapshot_taken",
+        snapshot_id=snapshot_id,
+        tasks=tasks,
+        schedules=schedules,
+        tenants=tenants,
+        keys=keys,
+    )
+    return SnapshotResult(snapshot_id, tasks, schedules, tenants, keys)
 
 
 async def _copy_tasks(

@@ -5,12 +5,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import dataclasses
 import signal
 import sys
 from collections.abc import Coroutine, Sequence
-from pathlib import Path
 from typing import Any
 
 import structlog
@@ -18,6 +15,7 @@ from redis.exceptions import RedisError
 
 from timewheel.cli.audit import run_audit
 from timewheel.cli.client import CLIENT_COMMANDS, run_client_command
+from timewheel.cli.dev import run_dev
 from timewheel.cli.executors import run_executor, run_fast
 from timewheel.cli.parser import build_parser, http_options
 from timewheel.cli.serve import serve
@@ -25,7 +23,6 @@ from timewheel.config import Settings
 from timewheel.engine import Engine
 from timewheel.errors import (
     ConfigError,
-    Conflict,
     StorageFullError,
     TimewheelError,
     ValidationError,
@@ -33,7 +30,6 @@ from timewheel.errors import (
 from timewheel.logs import configure
 from timewheel.store import deployment
 from timewheel.store.library import OPERATIONS, Library, ScriptCode, function_name, header_codes
-from timewheel.tenants import Limits, TenantStore, new_key
 
 log = structlog.get_logger("timewheel")
 
@@ -42,47 +38,6 @@ def _settings(args: argparse.Namespace, redis_url: str | None = None) -> Setting
     return Settings.from_env(
         None, redis_url=redis_url or getattr(args, "redis_url", None), **http_options(args)
     )
-
-
-async def _run_dev(args: argparse.Namespace) -> None:
-    from timewheel.store.server import RedisServer
-
-    data_dir: Path = args.data_dir.resolve()
-    (data_dir / "redis").mkdir(parents=True, exist_ok=True)
-    server = RedisServer(data_dir / "redis", port=args.redis_port)
-    server.start()
-    try:
-        settings = _settings(args, redis_url=server.url)
-        generated = not settings.admin_key
-        if generated:
-            settings = dataclasses.replace(settings, admin_key=new_key())
-        engine = await Engine.connect(settings)
-        print(
-            f"timewheel dev: API http://{args.host}:{args.port}  redis {server.url} "
-            f"(AOF, appendfsync always, in {data_dir / 'redis'})  Ctrl-C stops all",
-            file=sys.stderr,
-            flush=True,
-        )
-        try:
-            tenant_key = await _dev_tenant_key(engine)
-            if generated:
-                print(f"export TIMEWHEEL_ADMIN_KEY={settings.admin_key}", flush=True)
-            print(f"export TIMEWHEEL_KEY={tenant_key}   # tenant 'default'", flush=True)
-            print(f"export TIMEWHEEL_URL=http://{args.host}:{args.port}", flush=True)
-            await serve(engine, api=True, scheduler=True, host=args.host, port=args.port)
-        finally:
-            await engine.close()
-    finally:
-        server.stop()
-
-
-async def _dev_tenant_key(engine: Engine) -> str:
-    """Register tenant `default` if it is not, and issue a key for it."""
-    store = TenantStore(engine.client, engine.keys)
-    with contextlib.suppress(Conflict):
-        await store.create_tenant("default", Limits())
-    _, key = await store.issue_key("default")
-    return key
 
 
 async def _run(args: argparse.Namespace, *, api: bool, scheduler: bool) -> None:
@@ -173,15 +128,21 @@ async def _run_snapshot(args: argparse.Namespace) -> None:
 
 
 async def _run_restore(args: argparse.Namespace) -> None:
+    from timewheel.archive.progress import for_stderr
     from timewheel.archive.restore import restore
 
-    result = await restore(_archive_settings(args), force=args.force)
-    print(
-        f"restored {result.restored} runs from snapshot {result.snapshot_id} "
-        f"({result.events_replayed} events replayed, {result.existing} already present, "
-        f"{result.skipped_no_payload} skipped for lack of a payload)",
-        flush=True,
+    result = await restore(
+        _archive_settings(args), force=args.force, dry_run=args.dry_run, progress=for_stderr()
     )
+    if result.dry_run:
+        for shard in result.shards:
+            print(
+                f"shard {shard.shard}: {shard.pending} pending, {shard.finished} finished, "
+                f"{shard.dead} dead letters, {shard.expired} past retention, "
+                f"{shard.events_replayed} events replayed",
+                flush=True,
+            )
+    print(result.summary(), flush=True)
 
 
 _ARCHIVE_COMMANDS = {
@@ -222,7 +183,7 @@ def _run_fast(main: Coroutine[Any, Any, None]) -> None:
 def _dispatch(args: argparse.Namespace) -> int:
     """Run the command `args` names; its exit status."""
     if args.command == "dev":
-        _run_fast(_run_dev(args))
+        _run_fast(run_dev(args))
     elif args.command == "api":
         _run_fast(_run(args, api=True, scheduler=False))
     elif args.command == "scheduler":

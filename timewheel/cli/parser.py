@@ -172,12 +172,41 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"timewheel {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    dev = sub.add_parser("dev", help="local redis-server (AOF) + API + scheduler in one process")
+    dev = sub.add_parser(
+        "dev",
+        help="local redis-server (AOF) and PostgreSQL + API + scheduler + archiver in one process",
+    )
     dev.add_argument(
         "--data-dir",
         default=".timewheel",
         type=Path,
-        help="where redis-server keeps its AOF (default ./.timewheel)",
+        help="where redis-server keeps its AOF, PostgreSQL its cluster and dev its keys "
+        "(default ./.timewheel)",
+    )
+    dev.add_argument(
+        "--no-postgres",
+        action="store_true",
+        help="start no PostgreSQL, hence no archiver and no snapshots",
+    )
+    dev.add_argument(
+        "--snapshot-every",
+        type=float,
+        default=10.0,
+        metavar="MINUTES",
+        help="the archiver's snapshot interval (default 10; the first at start if none is "
+        "that recent)",
+    )
+    dev.add_argument(
+        "--restore",
+        action="store_true",
+        help="move the Redis data aside and rebuild Redis from dev's PostgreSQL (newest "
+        "snapshot + archived events) before serving",
+    )
+    dev.add_argument(
+        "--new-keys",
+        action="store_true",
+        help="issue a new admin key and tenant key instead of the ones kept in "
+        "<data-dir>/credentials.json (the old tenant key is revoked)",
     )
     dev.add_argument("--host", default="127.0.0.1")
     dev.add_argument("--port", default=8080, type=int, help="API port (default 8080)")
@@ -250,6 +279,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     restore.add_argument(
         "--force", action="store_true", help="restore into a Redis that already holds keys"
+    )
+    restore.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="say what would be written (counts per kind and per shard); write nothing",
     )
     add_postgres(restore)
 

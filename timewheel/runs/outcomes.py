@@ -12,10 +12,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import ResponseError
 
 from timewheel.errors import RedisUnavailable
 from timewheel.runs.delivery import Delivery
+from timewheel.store.connection import UNREACHABLE
 from timewheel.store.library import ScriptArg, check
 from timewheel.store.shard import Call, Store, clock_arg
 
@@ -164,7 +165,7 @@ class Outcomes:
             claimed = await self.store.client.xclaim(
                 delivery.stream, group, consumer, 0, [delivery.entry_id], justid=True
             )
-        except (RedisError, OSError) as exc:
+        except UNREACHABLE as exc:
             raise RedisUnavailable(f"lease extension failed: {exc}") from exc
         return bool(claimed)
 
@@ -179,5 +180,5 @@ class Outcomes:
                 if "BUSYGROUP" not in str(exc):
                     raise
             await client.sadd(self.store.keys.groups(shard), f"{group}|{stream}")
-        except (RedisError, OSError) as exc:
+        except UNREACHABLE as exc:
             raise RedisUnavailable(f"cannot create group {group!r} on {stream}: {exc}") from exc

@@ -46,7 +46,6 @@ from typing import Any
 
 import redis.asyncio as aioredis
 import structlog
-from redis.exceptions import RedisError
 
 from timewheel.config import Settings
 from timewheel.errors import ConfigError, PermanentError, RedisUnavailable, TimewheelError
@@ -58,6 +57,7 @@ from timewheel.runs.metrics import PairStats, WorkerMetrics
 from timewheel.runs.outcomes import Outcomes
 from timewheel.runs.signals import Retry
 from timewheel.runs.wire import Wire
+from timewheel.store.connection import UNREACHABLE, torn_connection
 from timewheel.store.shard import Store
 
 log = structlog.get_logger("timewheel.worker")
@@ -295,8 +295,12 @@ class Worker:
                 replies = [await self._xreadgroup(*reads[0], block)]
             else:
                 replies = await asyncio.gather(*(self._xreadgroup(c, s, None) for c, s in reads))
-        except (RedisError, OSError) as exc:
+        except UNREACHABLE as exc:
             raise RedisUnavailable(f"read failed: {exc}") from exc
+        except (AttributeError, TypeError) as exc:
+            if not torn_connection(exc):
+                raise
+            raise RedisUnavailable(f"read failed: connection lost ({exc})") from exc
         return [
             (stream, count, got)
             for (count, _), reply in zip(reads, replies, strict=True)
@@ -729,7 +733,7 @@ class Worker:
                     continue
                 try:
                     await client.xclaim(stream, self.group, self.consumer, 0, due, justid=True)
-                except (RedisError, OSError) as exc:
+                except UNREACHABLE as exc:
                     log.warning("heartbeat_failed", stream=stream, error=str(exc))
 
     # -- run -----------------------------------------------------------------------------

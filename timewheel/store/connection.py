@@ -8,13 +8,35 @@ from urllib.parse import unquote, urlsplit
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import ConnectionError, RedisError
+from redis.exceptions import ConnectionError, RedisClusterException, RedisError
 
 from timewheel.errors import ConfigError, RedisUnavailable
 
 RedisClient: TypeAlias = "aioredis.Redis | RedisCluster"
 
 SOCKET_TIMEOUT_S = 30.0
+UNREACHABLE: tuple[type[Exception], ...] = (RedisError, OSError, RedisClusterException)
+"""What a call to a server that is down, restarting or failing over raises. A Cluster
+client whose every node refuses connections (the whole Cluster restarting) raises
+RedisClusterException, which is no RedisError: a loop that rides out an outage catches
+this tuple and tries again."""
+
+
+def torn_connection(exc: BaseException) -> bool:
+    """Whether an AttributeError or TypeError was raised inside redis-py's or asyncio's
+    connection code: a write on a connection the server closed while another task was
+    using or resetting it (a server killed or restarting) raises these in redis-py 8.1
+    instead of ConnectionError. Such an error means the server is unreachable, not a
+    fault of the caller; anything raised elsewhere is left alone."""
+    tb = exc.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    path = tb.tb_frame.f_code.co_filename.replace("\\", "/")
+    return "/redis/" in path or "/asyncio/" in path
+
+
 """A pass's pipeline can hold seconds of Lua work after downtime (and an fsync stall on
 top): redis-py's 5 s default would time out a call that is in fact running."""
 

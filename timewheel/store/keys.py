@@ -162,6 +162,11 @@ class Keys:
         """HASH key id -> sha256 hex: a tenant's keys, so one can be revoked by its id."""
         return f"{self.prefix}:tenantkeys:{tenant}"
 
+    def tenant_log(self) -> str:
+        """STREAM {e, id, at}: one entry per change of a tenant or of its keys (global
+        key), which the archiver tails into PostgreSQL (timewheel/archive/tenancy.py)."""
+        return f"{self.prefix}:tenantlog"
+
     def shard_of_key(self, key: str) -> int:
         """The shard number in a key built here."""
         start = key.index("{") + len(self.prefix) + 2

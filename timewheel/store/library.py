@@ -58,6 +58,7 @@ OPERATIONS = (
     "schedule_materialize",
     "restore_schedule",
     "restore_runs",
+    "restore_finished",
     "audit_shard",
     "audit_records",
     "audit_stream",
@@ -235,6 +236,7 @@ class Scripts:
     schedule_materialize: Script
     restore_schedule: Script
     restore_runs: Script
+    restore_finished: Script
     audit_shard: Script
     audit_records: Script
     audit_stream: Script

@@ -16,10 +16,10 @@ from typing import Any, Protocol
 import hiredis
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import ConnectionError, RedisError, ResponseError
+from redis.exceptions import ConnectionError, ResponseError
 
 from timewheel.errors import RedisUnavailable, ReplicasBehind
-from timewheel.store.connection import SOCKET_TIMEOUT_S, RedisClient
+from timewheel.store.connection import SOCKET_TIMEOUT_S, UNREACHABLE, RedisClient, torn_connection
 from timewheel.store.library import Script, ScriptArg, is_missing_function
 
 try:  # the end-of-buffer marker of redis-py's hiredis parser (redis-py >= 5)
@@ -147,8 +147,12 @@ async def run_pipeline(
     for attempt in range(2):
         try:
             results, acks = await _send([calls[i] for i in todo], client, replicas, lane)
-        except (RedisError, OSError) as exc:
+        except UNREACHABLE as exc:
             raise RedisUnavailable(f"pipeline failed: {exc}") from exc
+        except (AttributeError, TypeError) as exc:
+            if not torn_connection(exc):
+                raise
+            raise RedisUnavailable(f"pipeline failed: connection lost ({exc})") from exc
         missing: list[int] = []
         for i, result in zip(todo, results, strict=True):
             if is_missing_function(result) and attempt == 0:

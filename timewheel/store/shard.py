@@ -14,14 +14,14 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import ResponseError
 
 from timewheel import ids
 from timewheel.config import Settings
 from timewheel.errors import RedisUnavailable, TaskNotFound
 from timewheel.store import deployment
 from timewheel.store.clock import RedisClock
-from timewheel.store.connection import RedisClient, connect
+from timewheel.store.connection import UNREACHABLE, RedisClient, connect, torn_connection
 from timewheel.store.guard import StorageGuard
 from timewheel.store.keys import Keys
 from timewheel.store.library import Script, ScriptArg, Scripts
@@ -84,7 +84,7 @@ class Store:
     async def ping(self) -> bool:
         try:
             return bool(await self.client.ping())
-        except (RedisError, OSError):
+        except UNREACHABLE:
             return False
 
     # -- placement ---------------------------------------------------------------------
@@ -116,19 +116,24 @@ class Store:
         """Run one call and decode its reply; connection failures are RedisUnavailable."""
         try:
             reply = await call.script(self.client, call.keys, call.args)
-        except (RedisError, OSError) as exc:
+        except UNREACHABLE as exc:
             if "timewheel:" in str(exc):
                 raise
             raise RedisUnavailable(f"{call.script.name} failed: {exc}") from exc
+        except (AttributeError, TypeError) as exc:
+            if not torn_connection(exc):
+                raise
+            raise RedisUnavailable(f"{call.script.name} failed: connection lost ({exc})") from exc
         return call.decode(reply)
 
     async def write(self, call: Call[R]) -> R:
         """A client's change (create, cancel, reschedule): one call, answered only once
         `replicas_ack` replicas have it.
 
-        On standalone Redis it is packed and sent on the store's lane (about a quarter of
-        redis-py's CPU for the same call); errors are the same either way: a script's
-        'timewheel:' error reply is raised as is, a failed connection is RedisUnavailable.
+        On standalone Redis it is packed and sent on the store's lane (a create costs its
+        caller less than half the CPU it did through redis-py: bench/engine_create.py);
+        errors are the same either way: a script's 'timewheel:' error reply is raised as
+        is, a failed connection is RedisUnavailable.
         """
         if self.lane is None and not self.replicas_ack:
             return await self.run(call)

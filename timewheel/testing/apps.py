@@ -7,6 +7,7 @@ import os
 import time
 from pathlib import Path
 
+from timewheel.errors import PermanentError
 from timewheel.models import Delivery
 
 
@@ -26,3 +27,13 @@ async def note(delivery: Delivery) -> None:
         os.write(fd, f"{delivery.run_id} {delivery.attempt} {os.getpid()}\n".encode())
     finally:
         os.close(fd)
+
+
+async def drill(delivery: Delivery) -> None:
+    """`note`, except that a payload {"fail": true} fails for good (a dead letter) while
+    the file $TW_TEST_HEALED does not exist."""
+    payload = delivery.payload
+    healed = Path(os.environ.get("TW_TEST_HEALED", "")).exists()
+    if isinstance(payload, dict) and payload.get("fail") and not healed:
+        raise PermanentError("drill: refused")
+    await note(delivery)
