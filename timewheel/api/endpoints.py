@@ -183,6 +183,12 @@ def _route(endpoint: Endpoint) -> Route:
     )
 
 
+def direct_apps(endpoints: list[Endpoint]) -> dict[tuple[str, str], _EndpointApp]:
+    """The endpoints of literal paths by (method, path): the app serves these without
+    Starlette's router (timewheel/api/app.py)."""
+    return {(e.method, e.path): _EndpointApp(e) for e in endpoints if "{" not in e.path}
+
+
 def build_routes(endpoints: list[Endpoint]) -> list[Route]:
     """Starlette routes for the table. Literal paths go before templated ones of the same
     prefix (`/v1/tasks/batch` before `/v1/tasks/{task_id}`), as Starlette matches in order."""

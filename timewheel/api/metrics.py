@@ -43,6 +43,16 @@ class ApiMetrics:
             registry=self.registry,
         )
 
+        self._children: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}
+        """The labelled series of each (method, route, status) seen, looked up once."""
+
     def observe(self, method: str, route: str, status: int, started: float) -> None:
-        self.requests.labels(method, route, str(status)).inc()
-        self.latency.labels(method, route).observe(time.perf_counter() - started)
+        series = self._children.get((method, route, status))
+        if series is None:
+            series = (
+                self.requests.labels(method, route, str(status)),
+                self.latency.labels(method, route),
+            )
+            self._children[(method, route, status)] = series
+        series[0].inc()
+        series[1].observe(time.perf_counter() - started)

@@ -78,22 +78,50 @@ class _Flow(FlowControl):
             self._on_stall()
 
 
+CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+
+
 class _AnswerTransport(asyncio.Transport):
     """What one request's answer is written to: the connection, whose `close` lingers if
-    the client may still be sending (see LimitedHttpProtocol.close_answered)."""
+    the client may still be sending (see LimitedHttpProtocol.close_answered).
+
+    An answer's head (status line and headers) is held until its body's first part, and
+    both go out in one write: uvicorn writes them separately, two socket sends (and, on
+    loopback, two wake-ups of the client) for a small JSON answer. An answer that ends
+    without a body write (HEAD, or a close) sends its head when it ends. Answers of a
+    connection are written one after the other, so the first write after an answer
+    ended (a `100 Continue` aside) is the next answer's head."""
 
     def __init__(self, protocol: LimitedHttpProtocol):
         super().__init__()
         self._protocol = protocol
+        self._head: bytes | bytearray | memoryview | None = None
+        self._awaiting_head = True
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
-        if not self._protocol.lingering:
-            self._protocol.transport.write(data)
+        if self._protocol.lingering:
+            return
+        if self._head is not None:
+            data, self._head = b"".join((self._head, data)), None
+        elif self._awaiting_head and data != CONTINUE:
+            self._awaiting_head = False
+            self._head = data
+            return
+        self._protocol.transport.write(data)
+
+    def answer_ended(self) -> None:
+        """The answer is complete: send a head still held, and wait for the next one."""
+        self._awaiting_head = True
+        if self._head is not None:
+            head, self._head = self._head, None
+            if not self._protocol.lingering:
+                self._protocol.transport.write(head)
 
     def is_closing(self) -> bool:
         return self._protocol.lingering or self._protocol.transport.is_closing()
 
     def close(self) -> None:
+        self.answer_ended()
         self._protocol.close_answered()
 
 
@@ -219,6 +247,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         super().on_message_complete()
 
     def on_response_complete(self) -> None:
+        self.answer_transport.answer_ended()
         if self.lingering:
             self.server_state.total_requests += 1
             return  # no keep-alive, no pipelined request: the connection is ending

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import msgspec
 from starlette.responses import JSONResponse, Response
 
 from timewheel.api import task_schemas as schemas
+from timewheel.api.common import JSONBytes, json_bytes
 from timewheel.api.decode import BodyDecoder
 from timewheel.api.endpoints import Call, Endpoint
 from timewheel.api.errors import error_body, status_of
@@ -43,6 +45,12 @@ def event_json(e: RunEvent) -> dict[str, object]:
         "reason": e.reason,
         "error": e.error,
     }
+
+
+def created_json(task: Task) -> object:
+    """A created (or found) task as the answer shows it: Task.to_json, with the payload's
+    stored JSON text put in as it is instead of parsed and encoded again."""
+    return task.json_fields(msgspec.Raw(task.payload_json))
 
 
 def limiter_of(call: Call) -> Limiter:
@@ -87,10 +95,10 @@ async def create_task(call: Call) -> Response:
         found = await existing_task(engine, new)
         if found is None:
             raise
-        return JSONResponse(found.to_json(), status_code=200)
+        return JSONBytes(json_bytes(created_json(found)), 200)
     if result.created:
         limiter.note(tenant.id, adding)
-    return JSONResponse(result.task.to_json(), status_code=201 if result.created else 200)
+    return JSONBytes(json_bytes(created_json(result.task)), 201 if result.created else 200)
 
 
 async def get_task(call: Call) -> Response:
@@ -146,7 +154,7 @@ async def create_batch(call: Call) -> Response:
     a whole, with nothing written."""
     engine, tenant, limiter = call.engine, await call.tenant(), limiter_of(call)
     items = call.body(schemas.TaskBatch).tasks
-    results: list[dict[str, object] | None] = [None] * len(items)
+    results: list[object] = [None] * len(items)
     valid: list[tuple[int, NewTask]] = []
     for i, item in enumerate(items):
         try:
@@ -168,8 +176,8 @@ async def create_batch(call: Call) -> Response:
     made = [new for (_, new), res in zip(valid, created, strict=True) if res.created]
     limiter.note(tenant.id, runs_of([n.payload_json for n in made], [n.queue for n in made]))
     for (i, _), res in zip(valid, created, strict=True):
-        results[i] = {"status": 201 if res.created else 200, "task": res.task.to_json()}
-    return JSONResponse({"results": results})
+        results[i] = {"status": 201 if res.created else 200, "task": created_json(res.task)}
+    return JSONBytes(json_bytes({"results": results}))
 
 
 async def task_runs(call: Call) -> Response:

@@ -1,8 +1,9 @@
 """Pipelines of script calls: one round trip for many; a server without the library
 gets it loaded and the calls it refused sent again.
 
-On standalone Redis the commands are packed by hiredis and sent on one pooled
-connection; on Cluster redis-py's cluster pipeline splits them per node.
+On standalone Redis the commands are packed by hiredis and sent on one connection of a
+`Lane` (connections kept out of the client's pool between calls) or, without one, on one
+pooled connection; on Cluster redis-py's cluster pipeline splits them per node.
 """
 
 from __future__ import annotations
@@ -15,11 +16,96 @@ from typing import Any, Protocol
 import hiredis
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import ResponseError
+from redis.exceptions import ConnectionError, ResponseError
 
 from timewheel.errors import RedisUnavailable, ReplicasBehind
 from timewheel.store.connection import SOCKET_TIMEOUT_S, UNREACHABLE, RedisClient, torn_connection
 from timewheel.store.library import Script, ScriptArg, is_missing_function
+
+try:  # the end-of-buffer marker of redis-py's hiredis parser (redis-py >= 5)
+    from redis._parsers.hiredis import NOT_ENOUGH_DATA
+except ImportError:  # pragma: no cover - other versions: a marker nothing equals
+    NOT_ENOUGH_DATA = object()
+
+
+class Lane:
+    """Packed exchanges on a standalone client's connections, kept between calls.
+
+    redis-py's way through one command costs more than Redis's work on a create: the
+    pool's checkout (a lock, and a probe of the socket for stray data), packing in
+    Python, a task per send for its timeout, and a timeout context per reply. A lane
+    takes a connection from the pool once and keeps it (at most `keep` idle ones; more
+    concurrent callers take more and give the extra back), writes hiredis-packed bytes
+    straight to it, and takes the replies from its hiredis reader, under one deadline.
+
+    A kept connection that the server closed meanwhile (a restart) has seen its end of
+    stream while idle: it is reconnected before use, as the pool's probe would. A
+    connection that fails halfway is closed (its replies may be left unread); the next
+    use connects it again.
+    """
+
+    def __init__(self, client: aioredis.Redis, *, keep: int = 4):
+        self.pool = client.connection_pool
+        self.keep = keep
+        self._idle: list[Any] = []
+
+    async def exchange(self, packed: bytes, count: int) -> list[Any]:
+        """Send packed commands and read their `count` replies; error replies are
+        returned, not raised.
+
+        Raises:
+            RedisError, OSError: the connection failed (it is closed).
+        """
+        conn = self._idle.pop() if self._idle else await self._checkout()
+        try:
+            reader = conn._reader
+            if reader is None or reader.at_eof() or reader.exception() is not None:
+                await conn.disconnect()  # closed while idle: connect it again
+            if not conn.is_connected:
+                await conn.connect()
+            writer, parser = conn._writer, conn._parser
+            gets, read_more = parser._reader.gets, parser.read_from_socket
+            async with asyncio.timeout(SOCKET_TIMEOUT_S):
+                try:
+                    writer.write(packed)
+                    await writer.drain()
+                except RuntimeError as exc:  # uvloop: the transport was closed under it
+                    raise ConnectionError(f"Error while writing to Redis: {exc}") from exc
+                out: list[Any] = []
+                while len(out) < count:
+                    reply = gets()
+                    if reply is NOT_ENOUGH_DATA or reply is False:
+                        await read_more()
+                    else:
+                        out.append(reply)
+        except BaseException:
+            await conn.disconnect()
+            await self._give_back(conn)
+            raise
+        await self._give_back(conn)
+        return out
+
+    async def _checkout(self) -> Any:
+        return await self.pool.get_connection()  # type: ignore[no-untyped-call]
+
+    async def _give_back(self, conn: Any) -> None:
+        if len(self._idle) < self.keep:
+            self._idle.append(conn)
+        else:
+            await self.pool.release(conn)
+
+    async def close(self) -> None:
+        """Give the idle connections back to the pool."""
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            await self.pool.release(conn)
+
+
+def pack_call(script: Script, keys: Sequence[str], args: Sequence[ScriptArg]) -> bytes:
+    """One FCALL as RESP bytes (hiredis packs in C what redis-py packs in Python)."""
+    command: tuple[Any, ...] = ("FCALL", script.function, len(keys), *keys, *args)
+    packed: bytes = hiredis.pack_command(command)
+    return packed
 
 
 class ScriptCall(Protocol):
@@ -36,7 +122,11 @@ class ScriptCall(Protocol):
 
 
 async def run_pipeline(
-    client: RedisClient, calls: Sequence[ScriptCall], *, replicas: tuple[int, int] | None = None
+    client: RedisClient,
+    calls: Sequence[ScriptCall],
+    *,
+    replicas: tuple[int, int] | None = None,
+    lane: Lane | None = None,
 ) -> list[Any]:
     """Run script calls in one pipeline; calls refused because the server lacks the
     library (a new or emptied server) load it and are sent again.
@@ -46,6 +136,7 @@ async def run_pipeline(
 
     replicas: (n, timeout_ms): after the calls, WAIT on each connection that carried
     them (WAIT counts the writes of its own connection) until n replicas have them.
+    lane: on standalone Redis, the connections to send on (else one from the pool).
 
     Raises:
         RedisUnavailable: Redis failed; ReplicasBehind: the writes ran, but fewer than n
@@ -55,7 +146,7 @@ async def run_pipeline(
     todo = list(range(len(calls)))
     for attempt in range(2):
         try:
-            results, acks = await _send([calls[i] for i in todo], client, replicas)
+            results, acks = await _send([calls[i] for i in todo], client, replicas, lane)
         except UNREACHABLE as exc:
             raise RedisUnavailable(f"pipeline failed: {exc}") from exc
         except (AttributeError, TypeError) as exc:
@@ -82,10 +173,20 @@ async def run_pipeline(
 
 
 async def _send(
-    calls: list[ScriptCall], client: RedisClient, replicas: tuple[int, int] | None
+    calls: list[ScriptCall],
+    client: RedisClient,
+    replicas: tuple[int, int] | None,
+    lane: Lane | None,
 ) -> tuple[list[Any], list[Any]]:
     """One pipeline of `calls` (then a WAIT per connection used, when `replicas` is given):
     (the calls' replies, the WAIT replies)."""
+    if lane is not None and not isinstance(client, RedisCluster):
+        packed = [pack_call(c.script, c.keys, c.args) for c in calls]
+        if replicas is not None:
+            wait_command: tuple[Any, ...] = ("WAIT", *replicas)
+            packed.append(hiredis.pack_command(wait_command))
+        results = await lane.exchange(b"".join(packed), len(packed))
+        return results[: len(calls)], results[len(calls) :]
     commands = [("FCALL", c.script.function, len(c.keys), *c.keys, *c.args) for c in calls]
     if not isinstance(client, RedisCluster):
         wait = [("WAIT", *replicas)] if replicas is not None else []

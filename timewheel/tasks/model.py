@@ -71,6 +71,11 @@ class Task:
 
     def to_json(self) -> dict[str, JSONValue]:
         """The public representation: the same from create, batch, get and list."""
+        return self.json_fields(self.payload)
+
+    def json_fields(self, payload: object) -> dict[str, JSONValue]:
+        """to_json with `payload` in place of the parsed payload (an encoder's raw JSON
+        text of it, which spares parsing the payload only to encode it again)."""
         out: dict[str, JSONValue] = {
             "id": self.id,
             "run_id": self.run_id,
@@ -80,7 +85,7 @@ class Task:
             "run_at": ms_to_rfc3339(self.due_ms),
             "created_at": ms_to_rfc3339(self.created_ms),
             "updated_at": ms_to_rfc3339(self.updated_ms) if self.updated_ms else None,
-            "payload": self.payload,
+            "payload": payload,
             "last_error": self.last_error,
         }
         out.update(self.options)

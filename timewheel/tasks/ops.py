@@ -162,10 +162,16 @@ class TaskOps:
             StorageFull: the shard's Redis node is near its memory ceiling.
         """
         prepared = self.prepare(new)
-        await self.store.guard.check([prepared.shard])
-        [call] = self.create_calls([prepared], now_ms)
-        [(_, result)] = await self.store.write(call)
-        return result
+        shard = prepared.shard
+        await self.store.guard.check([shard])
+        k = self.store.keys
+        call = Call(
+            self.store.scripts.task_create,
+            [k.meta(shard), k.events(shard)],
+            self.store.shared(shard, now_ms) + prepared.group,
+            lambda reply: _created(prepared, reply[0]),
+        )
+        return await self.store.write(call)
 
     async def create_many(self, batch: Sequence[NewTask]) -> list[CreateResult]:
         """Create many tasks: one task_create.lua call per shard (and chunk), all in one
