@@ -210,6 +210,7 @@ class TenantLimits(TypedDict, total=False):
     max_schedules: int | None
     max_queues: int | None
     min_interval_s: float | None
+    shards: int | None
 
 
 Schedule = dict[str, Any]
