@@ -98,7 +98,7 @@ def choose(
     return tuple(picked[:count])
 
 
-def primaries(client: RedisClient, keys: Keys) -> Callable[[int], str] | None:
+def primaries(client: RedisClient | None, keys: Keys) -> Callable[[int], str] | None:
     """The primary holding each shard's slot on a Cluster (from the client's view of the
     topology), or None on standalone Redis."""
     if not isinstance(client, RedisCluster):
@@ -112,7 +112,11 @@ def primaries(client: RedisClient, keys: Keys) -> Callable[[int], str] | None:
 
 
 def changed(
-    tenant: str, data: Mapping[str, Any], count: int | None, settings: Settings, client: RedisClient
+    tenant: str,
+    data: Mapping[str, Any],
+    count: int | None,
+    settings: Settings,
+    client: RedisClient | None,
 ) -> dict[str, Any]:
     """The record fields after setting the tenant's spread to `count` (None: back to the
     deployment's default): the new list, and the union with every list before."""
