@@ -250,3 +250,24 @@ async def test_on_a_cluster_a_spread_of_3_lands_on_3_primaries(
                 assert len(got["shards"]) == 3 and len(nodes) == 3, got
     finally:
         await engine.close()
+
+
+async def test_concurrent_creates_share_one_read_of_the_tenant_s_shards(
+    engine: Engine, api: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    name, _ = await tenant(api, shards=4)
+    placements, reads = engine.store.placements, []
+    real = placements.client.hmget
+
+    async def counting(*args: Any, **kwargs: Any) -> Any:
+        reads.append(args)
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(placements.client, "hmget", counting)
+    placements._cache.clear()
+    got = await asyncio.gather(*(placements.load(name) for _ in range(20)))
+    assert len(reads) == 1 and {len(p.shards) for p in got} == {4}
+    await placements.load(name)  # fresh for a second: no read
+    assert len(reads) == 1
+    await placements.load(name, fresh=True)
+    assert len(reads) == 2

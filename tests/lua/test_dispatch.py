@@ -139,11 +139,15 @@ async def test_a_backlog_drains_in_bounded_pipelines_each_run_once(
         test_settings(redis_url, default_spread=8, tick_batch=200, tick_pipeline_runs=400)
     )
     pipelines: list[int] = []  # runs each pipeline of tick calls dispatched
+    limits: list[int | None] = []  # the most runs each of its ticks took
     tick_many = Dispatch.tick_many
 
-    async def counted(self: Dispatch, shards: Any, *, node: str = "") -> Any:
-        out = await tick_many(self, shards, node=node)
+    async def counted(
+        self: Dispatch, shards: Any, *, node: str = "", limit: int | None = None
+    ) -> Any:
+        out = await tick_many(self, shards, node=node, limit=limit)
         pipelines.append(sum(r.dispatched for r in out if isinstance(r, TickResult)))
+        limits.append(limit)
         return out
 
     monkeypatch.setattr(Dispatch, "tick_many", counted)
@@ -162,5 +166,8 @@ async def test_a_backlog_drains_in_bounded_pipelines_each_run_once(
         # From then on each pipeline expects at most 400 runs: 2 shards that took 200.
         assert pipelines[0] == 1600
         assert max(pipelines[1:]) <= 400 and sum(pipelines) == 4800
+        # 8 shards with a backlog share a pass of about 400 runs: 50 each, at least 100
+        # (MIN_TICK_RUNS), so a pass, and what another shard's runs wait, stays short.
+        assert limits[0] == 200 and limits[1] == 100
     finally:
         await engine.close()

@@ -21,6 +21,7 @@ union. `Placements` caches what it read for CACHE_TTL_S per process.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import time
@@ -138,6 +139,7 @@ class Placements:
         self.keys = keys
         self.settings = settings
         self._cache: dict[str, tuple[float, Placement]] = {}
+        self._reads: dict[str, asyncio.Future[None]] = {}
 
     def get(self, tenant: str) -> Placement:
         """The placement last read (however old), else the default."""
@@ -158,25 +160,41 @@ class Placements:
         hit = self._cache.get(tenant)
         if not fresh and hit is not None and hit[0] > time.monotonic():
             return hit[1]
-        [found] = await self.load_many([tenant], fresh=True)
+        [found] = await self.load_many([tenant], fresh=fresh)
         return found
 
     async def load_many(self, tenants: Iterable[str], *, fresh: bool = False) -> list[Placement]:
-        """The placements of several tenants; the stale ones read in one round trip."""
+        """The placements of several tenants; the stale ones read in one round trip
+        (concurrent callers share a read in flight, unless `fresh`)."""
         names = list(dict.fromkeys(tenants))
         now = time.monotonic()
         stale = [t for t in names if fresh or (h := self._cache.get(t)) is None or h[0] <= now]
         if stale:
-            try:
-                raws = await self.client.hmget(self.keys.tenants(), stale)
-            except (RedisError, OSError) as exc:
-                raise RedisUnavailable(f"tenant shards: {exc}") from exc
-            for tenant, raw in zip(stale, raws, strict=True):
-                data = None
-                if raw is not None:
-                    try:
-                        data = json.loads(raw)
-                    except ValueError:
-                        data = None
-                self.learn(tenant, data if isinstance(data, dict) else None)
+            todo = [t for t in stale if fresh or t not in self._reads]
+            waits = {self._reads[t] for t in stale if t not in todo and t in self._reads}
+            if todo:
+                read = asyncio.ensure_future(self._read(todo))
+                for tenant in todo:
+                    self._reads[tenant] = read
+                waits.add(read)
+            await asyncio.gather(*(asyncio.shield(w) for w in waits))
         return [self.get(t) for t in names]
+
+    async def _read(self, tenants: list[str]) -> None:
+        me = asyncio.current_task()
+        try:
+            raws = await self.client.hmget(self.keys.tenants(), tenants)
+        except (RedisError, OSError) as exc:
+            raise RedisUnavailable(f"tenant shards: {exc}") from exc
+        finally:
+            for tenant in tenants:
+                if self._reads.get(tenant) is me:
+                    del self._reads[tenant]
+        for tenant, raw in zip(tenants, raws, strict=True):
+            data = None
+            if raw is not None:
+                try:
+                    data = json.loads(raw)
+                except ValueError:
+                    data = None
+            self.learn(tenant, data if isinstance(data, dict) else None)
