@@ -130,7 +130,11 @@ def figures(dispatches: list[tuple[str, int, int]], created: list[str], t0: int)
 
 
 async def run_herd(
-    url: str, tasks: list[NewTask], timeout_s: float, spread: int | None = None
+    url: str,
+    tasks: list[NewTask],
+    timeout_s: float,
+    spread: int | None = None,
+    load_rate: float = LOAD_RATE_GUESS,
 ) -> tuple[int, float, list[str], list[tuple[str, int, int]], Engine]:
     """Start a scheduler, load `tasks` due from T0, wait until all are dispatched. With
     `spread`, tenant "big" is registered first with that many shards."""
@@ -146,7 +150,7 @@ async def run_herd(
     running = asyncio.create_task(scheduler.run(stop))
     try:
         await asyncio.sleep(0.5)  # first promote and sweep done
-        lead_ms = int(len(tasks) / LOAD_RATE_GUESS * 1000) + 4_000
+        lead_ms = int(len(tasks) / load_rate * 1000) + 4_000
         t0 = await server_ms(client) + lead_ms
         t0 -= t0 % 1000  # a whole second, like midnight
         started = time.perf_counter()
@@ -189,10 +193,16 @@ async def part_second(url: str, runs: int, timeout_s: float) -> dict[str, Any]:
 
 
 async def part_one_tenant(
-    url: str, big: int, timeout_s: float, spread: int | None = None
+    url: str,
+    big: int,
+    timeout_s: float,
+    spread: int | None = None,
+    load_rate: float = LOAD_RATE_GUESS,
 ) -> dict[str, Any]:
     tasks = herd_one_tenant(big, others=100, per_other=100)
-    t0, load_s, created, dispatches, engine = await run_herd(url, tasks, timeout_s, spread)
+    t0, load_s, created, dispatches, engine = await run_herd(
+        url, tasks, timeout_s, spread, load_rate
+    )
     big_shards = set(engine.store.shards_of("big"))
     others_names = [f"other-{t:03d}" for t in range(100)]
     neighbours = {name for name in others_names if engine.store.shards_of(name)[0] in big_shards}
@@ -234,7 +244,9 @@ def run_part(
     def work(url: str) -> dict[str, Any]:
         if name == "second":
             return asyncio.run(part_second(url, args.second_runs, args.timeout))
-        return asyncio.run(part_one_tenant(url, args.big_runs, args.timeout, spread))
+        return asyncio.run(
+            part_one_tenant(url, args.big_runs, args.timeout, spread, args.load_rate)
+        )
 
     return on_fresh_server(name if spread is None else f"wide-{spread}", root, "always", work)
 
@@ -293,6 +305,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--parts", default="second,one_tenant", help="comma list")
     parser.add_argument("--second-runs", type=int, default=100_000)
     parser.add_argument("--big-runs", type=int, default=500_000)
+    parser.add_argument(
+        "--load-rate",
+        type=float,
+        default=LOAD_RATE_GUESS,
+        help="creates/s assumed when picking T0 (lower it on a loaded host)",
+    )
     parser.add_argument("--spreads", default="1,4,16", help="the big tenant's spreads (wide)")
     parser.add_argument("--quick", action="store_true", help="a tenth of the sizes")
     parser.add_argument("--timeout", type=float, default=120.0, help="drain deadline per part, s")
