@@ -151,15 +151,19 @@ class Scheduler:
 
     def _pass_limit(self, shards: list[int]) -> int:
         """The most runs each shard's tick takes in this pass: tick_batch, or less when
-        several shards have a backlog (one tenant spread wide with a herd due), so that a
-        pass asks for about tick_pipeline_runs in all. Every shard is ticked once a pass,
-        so the pass's length is how long a run of any other shard may wait behind it."""
+        several shards have a backlog (one tenant spread wide with a herd due) beside
+        shards without one, so that a pass asks for about tick_pipeline_runs in all.
+        Every shard is ticked once a pass, so the pass's length is how long a run of a
+        shard without a backlog may wait behind the others; with every shard backlogged
+        no shard gains from short passes, and full ticks cost Redis less per run."""
         s = self.settings
         backlogged = sum(
             1
             for shard in shards
             if (st := self.state.get(shard)) is not None and st.last_consumed >= MIN_TICK_RUNS
         )
+        if backlogged >= len(self.state):
+            return s.tick_batch
         share = s.tick_pipeline_runs // max(1, backlogged)
         return max(min(MIN_TICK_RUNS, s.tick_batch), min(s.tick_batch, share))
 
