@@ -238,7 +238,8 @@ class Worker:
             self._stream_pair[stream] = pair
         if added:
             self.streams = list(self._stream_pair)
-            log.info("worker_streams_added", streams=[s for _, s in added], consumer=self.consumer)
+            if self._groups_ready:  # a change while running (not the first read of them)
+                log.info("worker_streams_added", streams=[s for _, s in added])
 
     async def _refresh_if_due(self) -> None:
         if time.monotonic() < self._next_shards:
