@@ -246,7 +246,7 @@ class Limiter:
         keys = self.store.keys
         try:
             pipe = self.store.client.pipeline(transaction=False)
-            for shard in self.store.shards_of(tenant_id):
+            for shard in await self.store.tenant_shards(tenant_id):
                 pipe.hgetall(keys.usage(shard, tenant_id))
             replies: list[Any] = await pipe.execute()
         except (RedisError, OSError) as exc:

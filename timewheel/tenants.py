@@ -9,7 +9,10 @@ within 1 s in every api process, and a changed limit applies within 1 s.
 Limits: a tenant's own values (None: the deployment's default, Settings.tenant_*), stored
 in the tenant's JSON; what applies and how creates are checked is timewheel/limits.py.
 Only the limits a tenant sets are written, and a reader takes the fields it knows, so
-processes of two versions side by side read each other's tenants.
+processes of two versions side by side read each other's tenants. The limit `shards`
+(how many shards the tenant's new tasks spread over) also writes the list chosen and
+the union of every list before into the record (`shards`, `shards_used`: see
+timewheel/store/placement.py).
 
 Every change (a tenant created, its limits changed, a key issued or revoked) then adds
 an entry naming the tenant to the change log `<prefix>:tenantlog`, which the archiver
@@ -33,9 +36,11 @@ import structlog
 from redis.exceptions import RedisError, WatchError
 
 from timewheel.dispatch.rates import DispatchRates
-from timewheel.errors import Conflict, NotFound, RedisUnavailable, Unauthorized
+from timewheel.errors import ConfigError, Conflict, NotFound, RedisUnavailable, Unauthorized
+from timewheel.store import placement
 from timewheel.store.connection import RedisClient
 from timewheel.store.keys import Keys
+from timewheel.store.placement import Placement, Placements
 
 CACHE_TTL_S = 1.0
 LOG_MAXLEN = 100_000
@@ -70,6 +75,9 @@ class Limits:
     """Most queues in use at once (a queue with runs not finished or a schedule); 429."""
     min_interval_s: float | None = None
     """Shortest time between two fire times of a schedule; a closer one answers 422."""
+    shards: int | None = None
+    """How many shards the tenant's new tasks and schedules spread over (1..Settings.shards;
+    None: Settings.default_spread). Its tasks already made stay in theirs."""
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Limits:
@@ -91,9 +99,15 @@ class Tenant:
     id: str
     limits: Limits
     created_ms: int
+    placement: Placement | None = None
+    """Its shards, where the store knows the deployment's (store/placement.py)."""
 
     def to_json(self) -> dict[str, Any]:
-        return {"id": self.id, "limits": self.limits.to_json(), "created_at_ms": self.created_ms}
+        out = {"id": self.id, "limits": self.limits.to_json(), "created_at_ms": self.created_ms}
+        if self.placement is not None:
+            out["shards"] = list(self.placement.shards)
+            out["shards_used"] = list(self.placement.used)
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,11 +142,14 @@ class TenantStore:
         *,
         admin_key: str = "",
         rates: DispatchRates | None = None,
+        placements: Placements | None = None,
     ):
         self.client = client
         self.keys = keys
         self.rates = rates
         """Where a dispatch_rate is copied for the tick (else only the schedulers' sync does)."""
+        self.placements = placements
+        """The deployment's placements: needed to set `shards`; told of every change."""
         self._admin_hash = hash_key(admin_key) if admin_key else ""
         self._principals: dict[str, tuple[float, Principal | None]] = {}
         self._tenants: dict[str, tuple[float, Tenant | None]] = {}
@@ -152,19 +169,34 @@ class TenantStore:
 
     # -- tenants ------------------------------------------------------------------
 
+    def _place(self, tenant_id: str, data: dict[str, Any], count: int | None) -> None:
+        """Write the tenant's shard list for a spread of `count` into its record."""
+        if self.placements is None:
+            raise ConfigError("setting a tenant's shards needs the deployment's settings")
+        data.update(
+            placement.changed(tenant_id, data, count, self.placements.settings, self.client)
+        )
+
+    def _tenant(self, tenant_id: str, data: Mapping[str, Any]) -> Tenant:
+        place = None if self.placements is None else self.placements.learn(tenant_id, data)
+        return Tenant(tenant_id, Limits.from_json(data["limits"]), int(data["created_ms"]), place)
+
     async def create_tenant(self, tenant_id: str, limits: Limits) -> Tenant:
         """Register a tenant. Raises Conflict if the id exists."""
-        tenant = Tenant(tenant_id, limits, int(time.time() * 1000))
-        value = json.dumps({"limits": limits.stored(), "created_ms": tenant.created_ms})
+        data: dict[str, Any] = {"limits": limits.stored(), "created_ms": int(time.time() * 1000)}
+        if limits.shards is not None:
+            self._place(tenant_id, data, limits.shards)
         try:
-            added = await self.client.hsetnx(self.keys.tenants(), tenant_id, value)
+            added = await self.client.hsetnx(self.keys.tenants(), tenant_id, json.dumps(data))
         except (RedisError, OSError) as exc:
             raise _err(exc) from exc
         if not added:
             raise Conflict(f"tenant {tenant_id!r} exists already")
         await self._logged(tenant_id)
+        tenant = self._tenant(tenant_id, data)
         if self.rates is not None and limits.dispatch_rate:
-            await self.rates.put(tenant_id, limits.dispatch_rate)
+            used = tenant.placement.used if tenant.placement is not None else ()
+            await self.rates.put(tenant_id, limits.dispatch_rate, used)
         self._tenants.pop(tenant_id, None)
         return tenant
 
@@ -183,6 +215,8 @@ class TenantStore:
                         data = json.loads(raw)
                         merged = {**data["limits"], **changes}
                         data["limits"] = {k: v for k, v in merged.items() if v is not None}
+                        if "shards" in changes:
+                            self._place(tenant_id, data, changes["shards"])
                         pipe.multi()  # type: ignore[no-untyped-call]
                         pipe.hset(key, tenant_id, json.dumps(data))
                         await pipe.execute()
@@ -194,9 +228,10 @@ class TenantStore:
         except (RedisError, OSError) as exc:
             raise _err(exc) from exc
         await self._logged(tenant_id)
-        tenant = Tenant(tenant_id, Limits.from_json(data["limits"]), int(data["created_ms"]))
-        if self.rates is not None and "dispatch_rate" in changes:
-            await self.rates.put(tenant_id, tenant.limits.dispatch_rate)
+        tenant = self._tenant(tenant_id, data)
+        if self.rates is not None and ("dispatch_rate" in changes or "shards" in changes):
+            used = tenant.placement.used if tenant.placement is not None else ()
+            await self.rates.put(tenant_id, tenant.limits.dispatch_rate, used)
         self._tenants.pop(tenant_id, None)
         return tenant
 
@@ -213,8 +248,7 @@ class TenantStore:
                 raise _err(exc) from exc
             found = None
             if raw is not None:
-                data = json.loads(raw)
-                found = Tenant(tenant_id, Limits.from_json(data["limits"]), int(data["created_ms"]))
+                found = self._tenant(tenant_id, json.loads(raw))
             self._tenants[tenant_id] = (now + CACHE_TTL_S, found)
         if found is None:
             raise NotFound(f"tenant {tenant_id!r} not found")

@@ -11,6 +11,7 @@ import pytest
 
 from timewheel.dispatch.tick import Dispatch
 from timewheel.engine import Engine
+from timewheel.ids import shard_of
 from timewheel.models import Delivery, TickResult
 from timewheel.runs.worker import Worker
 from timewheel.tasks.model import NewTask
@@ -139,11 +140,15 @@ async def test_a_backlog_drains_in_bounded_pipelines_each_run_once(
         test_settings(redis_url, default_spread=8, tick_batch=200, tick_pipeline_runs=400)
     )
     pipelines: list[int] = []  # runs each pipeline of tick calls dispatched
+    limits: list[int | None] = []  # the most runs each of its ticks took
     tick_many = Dispatch.tick_many
 
-    async def counted(self: Dispatch, shards: Any, *, node: str = "") -> Any:
-        out = await tick_many(self, shards, node=node)
+    async def counted(
+        self: Dispatch, shards: Any, *, node: str = "", limit: int | None = None
+    ) -> Any:
+        out = await tick_many(self, shards, node=node, limit=limit)
         pipelines.append(sum(r.dispatched for r in out if isinstance(r, TickResult)))
+        limits.append(limit)
         return out
 
     monkeypatch.setattr(Dispatch, "tick_many", counted)
@@ -162,5 +167,42 @@ async def test_a_backlog_drains_in_bounded_pipelines_each_run_once(
         # From then on each pipeline expects at most 400 runs: 2 shards that took 200.
         assert pipelines[0] == 1600
         assert max(pipelines[1:]) <= 400 and sum(pipelines) == 4800
+        assert limits[1] == 200  # every shard backlogged: full ticks
+    finally:
+        await engine.close()
+
+
+async def test_backlogged_shards_beside_quiet_ones_share_a_pass(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tenant spread over 4 of 8 shards with 2,400 runs due: after the first pass each
+    tick takes 100 runs (400 over 4 backlogged shards), so a pass stays about 400 runs
+    long and a quiet shard's runs wait at most that behind the herd."""
+    engine = await Engine.connect(
+        test_settings(redis_url, default_spread=4, tick_batch=200, tick_pipeline_runs=400)
+    )
+    limits: list[int | None] = []
+    tick_many = Dispatch.tick_many
+
+    async def counted(
+        self: Dispatch, shards: Any, *, node: str = "", limit: int | None = None
+    ) -> Any:
+        limits.append(limit)
+        return await tick_many(self, shards, node=node, limit=limit)
+
+    monkeypatch.setattr(Dispatch, "tick_many", counted)
+    try:
+        created = []
+        for _ in range(3):
+            created += await engine.tasks.create_many([NewTask(tenant="big", delay_ms=0)] * 800)
+        assert len({shard_of(c.task_id) for c in created}) == 4
+        async with running_scheduler(engine) as scheduler:
+            deadline = time.monotonic() + 20
+            while scheduler.counters.dispatched < 2400 and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.3)  # let any duplicate show itself
+        counts = Counter(d.run_id for d in await all_deliveries(engine))
+        assert set(counts) == {c.task_id for c in created} and max(counts.values()) == 1
+        assert limits[0] == 200 and limits[1] == 100
     finally:
         await engine.close()

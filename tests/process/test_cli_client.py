@@ -56,6 +56,10 @@ async def test_every_client_command(
     assert changed["limits"]["dispatch_rate"] == 2.5 and changed["limits"]["max_pending"] is None
     code, _, err = run(capsys, "tenant", "update", tenant, *admin)
     assert code == 2 and "give --max-payload-bytes" in err and "Traceback" not in err
+    spread = run_json(capsys, "tenant", "update", tenant, "--shards", "2", *admin)
+    assert spread["limits"]["shards"] == 2 and len(spread["shards"]) == 2
+    code, _, err = run(capsys, "tenant", "update", tenant, "--shards", "4096", *admin)
+    assert code == 1 and "422 too_many_shards" in err and "Traceback" not in err
     key = run_json(capsys, "tenant", "key", tenant, *admin)
     as_tenant = [*url, "--key", key["key"]]
 

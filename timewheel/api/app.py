@@ -86,6 +86,7 @@ def create_app(
             eng.keys,
             admin_key=eng.settings.admin_key,
             rates=DispatchRates.of(eng.store),
+            placements=eng.store.placements,
         )
 
     @asynccontextmanager

@@ -49,6 +49,14 @@ Interval = Annotated[
         description="shortest time between a schedule's fire times, s; closer: 422",
     ),
 ]
+Shards = Annotated[
+    int,
+    Meta(
+        ge=1,
+        le=4096,
+        description="shards the tenant's new tasks spread over, at most the deployment's shards",
+    ),
+]
 
 
 class TenantLimits(Body):
@@ -61,6 +69,7 @@ class TenantLimits(Body):
     max_schedules: Maybe[Schedules] = UNSET
     max_queues: Maybe[Queues] = UNSET
     min_interval_s: Maybe[Interval] = UNSET
+    shards: Maybe[Shards] = UNSET
 
 
 class TenantLimitsPatch(Body):
@@ -73,6 +82,7 @@ class TenantLimitsPatch(Body):
     max_schedules: Maybe[Schedules | None] = UNSET
     max_queues: Maybe[Queues | None] = UNSET
     min_interval_s: Maybe[Interval | None] = UNSET
+    shards: Maybe[Shards | None] = UNSET
 
 
 class TenantCreate(Body):
@@ -104,10 +114,21 @@ TENANT_OUT: Schema = {
                 "max_schedules": {"type": ["integer", "null"]},
                 "max_queues": {"type": ["integer", "null"]},
                 "min_interval_s": {"type": ["number", "null"]},
+                "shards": {"type": ["integer", "null"]},
             },
             "description": "the tenant's own limits; null: the deployment's default",
         },
         "created_at_ms": {"type": "integer"},
+        "shards": {
+            "type": "array",
+            "items": {"type": "integer"},
+            "description": "the shards the tenant's new tasks and schedules go to",
+        },
+        "shards_used": {
+            "type": "array",
+            "items": {"type": "integer"},
+            "description": "every shard that may hold the tenant's tasks (read by workers)",
+        },
     },
 }
 
@@ -149,6 +170,13 @@ def _check_limits(
         raise ValidationError(
             f"limits.max_payload_bytes must be at most the deployment's {max_payload}",
             field="limits.max_payload_bytes",
+        )
+    shards, most = limits.get("shards"), call.engine.settings.shards
+    if shards is not None and shards > most:
+        raise ValidationError(
+            f"limits.shards must be at most the deployment's {most} shards (got {shards})",
+            field="limits.shards",
+            code="too_many_shards",
         )
     return limits
 

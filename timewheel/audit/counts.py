@@ -108,7 +108,7 @@ class CountCheck:
             ({t for t, _ in window} | set(open_archive) | set(await self._registered()))
             - {INTERNAL_TENANT}
         )
-        shards = {t: self.store.shards_of(t) for t in tenants}
+        shards = {t: await self.store.tenant_shards(t) for t in tenants}
         open_redis = await self._usage(shards)
         moved = await self._unarchived(checkpoints)
         out: list[TenantCounts] = []

@@ -71,6 +71,7 @@ LIMIT_OPTIONS: tuple[tuple[str, Callable[[str], Any]], ...] = (
     ("--max-schedules", _positive_int),
     ("--max-queues", _positive_int),
     ("--min-interval-s", _positive_float),
+    ("--shards", _positive_int),
 )
 """A tenant's limits as options of `tenant create` and `tenant update`."""
 

@@ -3,12 +3,15 @@
 A tenant's limits live in the global tenants hash (timewheel/tenants.py), but
 lua/dispatch_tick.lua may read only keys of its own shard (one Cluster slot). So every shard a
 tenant uses holds its share of the rate in `keys.rates(shard)`: dispatch_rate divided by
-the number of the tenant's shards. The tick spends it through a token bucket per (shard,
-tenant); see the header of lua/dispatch_tick.lua.
+the number of the tenant's shards, every shard it has used (store/placement.py: a
+change of the tenant's `shards` leaves its older runs where they are, so those shards
+dispatch too). The tick spends it through a token bucket per (shard, tenant); see the
+header of lua/dispatch_tick.lua.
 
 The shares are exact upper bounds: the tenant never gets more than dispatch_rate runs/s
 in all. They add up to the full rate only while every one of its shards has runs due; a
-tenant whose due runs sit in one shard gets that shard's share.
+tenant whose due runs sit in one shard gets that shard's share (so a tenant whose spread
+was made smaller keeps the smaller shares of the larger union).
 
 Copies are written when a tenant is created or its limits change, and every scheduler
 node reconciles all of them every SYNC_EVERY_S. That repairs a copy lost to a crash
@@ -20,7 +23,7 @@ tenants just before a change.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Sequence
 
 import structlog
 from redis.exceptions import RedisError
@@ -28,6 +31,7 @@ from redis.exceptions import RedisError
 from timewheel.errors import RedisUnavailable
 from timewheel.store.connection import RedisClient
 from timewheel.store.keys import Keys
+from timewheel.store.placement import Placements, from_record
 from timewheel.store.shard import Store
 
 log = structlog.get_logger("timewheel.rates")
@@ -43,22 +47,21 @@ def share_text(rate: float, shards: int) -> str:
 class DispatchRates:
     """The per-shard copies of tenants' dispatch rates."""
 
-    def __init__(
-        self, client: RedisClient, keys: Keys, shards: int, shards_of: Callable[[str], list[int]]
-    ) -> None:
+    def __init__(self, client: RedisClient, keys: Keys, placements: Placements) -> None:
         self.client = client
         self.keys = keys
-        self.shards = shards
-        self.shards_of = shards_of
+        self.placements = placements
+        self.shards = placements.settings.shards
 
     @classmethod
     def of(cls, store: Store) -> DispatchRates:
         """The rates of the deployment `store` serves."""
-        return cls(store.client, store.keys, store.settings.shards, store.shards_of)
+        return cls(store.client, store.keys, store.placements)
 
-    async def put(self, tenant: str, rate: float | None) -> None:
-        """Set (or, with None, clear) a tenant's rate in each of its shards."""
-        shards = self.shards_of(tenant)
+    async def put(self, tenant: str, rate: float | None, used: Sequence[int] = ()) -> None:
+        """Set (or, with None, clear) a tenant's rate in each of its shards: `used`, every
+        shard it has used (read from its record when not given)."""
+        shards = list(used) or list((await self.placements.load(tenant, fresh=True)).used)
         pipe = self.client.pipeline(transaction=False)
         for shard in shards:
             if rate:
@@ -76,12 +79,13 @@ class DispatchRates:
         async for tenant, raw in self.client.hscan_iter(self.keys.tenants(), count=1000):
             name = tenant.decode() if isinstance(tenant, bytes) else tenant
             try:
-                rate = json.loads(raw)["limits"].get("dispatch_rate")
+                data = json.loads(raw)
+                rate = data["limits"].get("dispatch_rate")
             except (ValueError, KeyError, TypeError, AttributeError):
                 log.warning("tenant_record_unreadable", tenant=name)
                 continue
             if isinstance(rate, int | float) and rate > 0:
-                shards = self.shards_of(name)
+                shards = from_record(name, data, self.placements.settings).used
                 for shard in shards:
                     out[shard][name] = share_text(rate, len(shards))
         return out

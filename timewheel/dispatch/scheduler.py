@@ -42,6 +42,9 @@ EXPIRE_EVERY_MS = 10_000
 PLAN_CATCH_UP_S = 0.1
 """How long a pass that finds the planner behind may keep planning, a batch at a time."""
 CLOCK_JUMP_LOG_MS = 1_000
+MIN_TICK_RUNS = 100
+"""A shard whose last tick took this many runs has a backlog (_pass_limit); no tick of a
+pass takes fewer (unless tick_batch is lower)."""
 
 
 @dataclass(slots=True)
@@ -89,6 +92,8 @@ class Scheduler:
             self.auditor = ContinuousAuditor(
                 store, self.node, lease_ttl_ms, self.metrics.auditor, lambda: self.ownership.live
             )
+        self._tick_limit = self.settings.tick_batch
+        """The most runs each tick of the current pass takes (_pass_limit)."""
 
     # -- one pass ---------------------------------------------------------------------
 
@@ -147,10 +152,29 @@ class Scheduler:
     async def _tick_all(self, shards: list[int]) -> list[TickResult]:
         """Tick the shards in as few pipelines as `tick_pipeline_runs` allows, one after
         another: one round trip while little is due, bounded ones through a backlog."""
+        self._tick_limit = self._pass_limit(shards)
         out: list[TickResult] = []
         for group in self._tick_groups(shards):
             out.extend(await self._tick_pipeline(group))
         return out
+
+    def _pass_limit(self, shards: list[int]) -> int:
+        """The most runs each shard's tick takes in this pass: tick_batch, or less when
+        several shards have a backlog (one tenant spread wide with a herd due) beside
+        shards without one, so that a pass asks for about tick_pipeline_runs in all.
+        Every shard is ticked once a pass, so the pass's length is how long a run of a
+        shard without a backlog may wait behind the others; with every shard backlogged
+        no shard gains from short passes, and full ticks cost Redis less per run."""
+        s = self.settings
+        backlogged = sum(
+            1
+            for shard in shards
+            if (st := self.state.get(shard)) is not None and st.last_consumed >= MIN_TICK_RUNS
+        )
+        if backlogged >= len(self.state):
+            return s.tick_batch
+        share = s.tick_pipeline_runs // max(1, backlogged)
+        return max(min(MIN_TICK_RUNS, s.tick_batch), min(s.tick_batch, share))
 
     def _tick_groups(self, shards: list[int]) -> list[list[int]]:
         """Split shards into pipelines by the runs each is expected to dispatch (what its
@@ -174,7 +198,7 @@ class Scheduler:
         wanted = [(s, self.state[s].epoch) for s in shards if s in self.state]
         sent = self.clock.sent()
         try:
-            replies = await self.dispatch.tick_many(wanted, node=self.node)
+            replies = await self.dispatch.tick_many(wanted, node=self.node, limit=self._tick_limit)
         except TimewheelError as exc:
             for shard, _ in wanted:
                 self._failed("tick", shard, exc)
@@ -205,7 +229,7 @@ class Scheduler:
         if st is None:
             return
         st.last_consumed = res.consumed
-        if res.consumed >= self.settings.tick_batch:
+        if res.consumed >= self._tick_limit:
             st.next_tick_ms = 0.0  # a backlog is due now: come straight back
         else:
             sweep = float(res.now_ms + self.settings.sweep_ms)

@@ -196,11 +196,14 @@ class Dispatch:
         return await self.store.run(call)
 
     async def tick_many(
-        self, shards: Sequence[tuple[int, int | str]], *, node: str = ""
+        self, shards: Sequence[tuple[int, int | str]], *, node: str = "", limit: int | None = None
     ) -> list[TickResult | LeaseLost]:
         """Tick several shards, given as (shard, epoch), in one pipeline (one per node on
-        Cluster). A shard whose lease is lost answers LeaseLost in its place."""
-        calls = [self.tick_call(shard, node=node, epoch=epoch) for shard, epoch in shards]
+        Cluster), each up to `limit` runs (tick_batch). A shard whose lease is lost
+        answers LeaseLost in its place."""
+        calls = [
+            self.tick_call(shard, limit=limit, node=node, epoch=epoch) for shard, epoch in shards
+        ]
         out: list[TickResult | LeaseLost] = []
         for call, reply in zip(calls, await self.store.send(calls), strict=True):
             try:

@@ -37,7 +37,7 @@ async def list_dead(
 
     The cursor is '<shard>-<entry id>' of the last item; pass it as `after`.
     """
-    shards = sorted(store.shards_of(tenant))
+    shards = sorted(await store.tenant_shards(tenant))
     start_shard, start_id = shards[0], "-"
     if after:
         shard_text, _, entry = after.partition("-")

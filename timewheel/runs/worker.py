@@ -23,6 +23,11 @@ How `run` keeps reading, handling and acknowledging going at once:
 - **the lease keeper** extends the lease of every run read and not yet recorded, by
   heartbeat, and keeps the process's estimate of Redis's clock fresh (for the start lag).
 
+A tenant's shards may grow while the worker runs (its limit `shards`: the streams of
+every shard it has used are read, store/placement.py): the worker reads its tenants'
+shards again every SHARDS_REFRESH_S and starts reading the new streams (its consumer
+group made on each from the stream's start, so nothing already there is missed).
+
 Several (tenant, queue) pairs share one worker fairly: each read gives every pair with
 work an equal share of the free slots, and pairs that had nothing last time a small
 probe, in an order that rotates; the runs of one read are interleaved across pairs.
@@ -78,6 +83,9 @@ CLOCK_CHECK_S = 1.0
 estimate is older than store/clock.py's SYNC_EVERY_S)."""
 PREFETCH_GROWTH = 4
 """While handlers outpace the reads, the read-ahead grows up to this times `prefetch`."""
+SHARDS_REFRESH_S = 2.0
+"""How often the worker reads its tenants' shards again (new shards' streams are read
+within about this long of a change)."""
 UNACKED_BOUND = 1024
 """Runs handled whose outcome is not yet recorded, past which the reader waits (Redis
 slower at recording than the handlers at handling)."""
@@ -175,6 +183,8 @@ class Worker:
         )
         """The bulk calls of runs/wire.py (standalone Redis only)."""
         self._groups_ready = False
+        self._next_shards = 0.0
+        """When the tenants' shards are read again (_refresh_shards)."""
         self._default_beat_s = self._beat_s(None)
         self._rotation = 0
         # -- what `run` keeps while it runs (all back to empty when it returns)
@@ -203,15 +213,49 @@ class Worker:
 
     async def ensure_groups(self) -> None:
         """Create the consumer group on each stream (from its start, so nothing is missed)."""
+        await self._refresh_shards()
         for stream in self.streams:
             await self.outcomes.register_group(stream, self.group)
         self._groups_ready = True
+
+    async def _refresh_shards(self) -> None:
+        """Read the tenants' shards again; add the streams of shards new to the worker,
+        each with its consumer group made first."""
+        self._next_shards = time.monotonic() + SHARDS_REFRESH_S
+        tenants = list(dict.fromkeys(p.tenant for p in self._pairs))
+        found = await self.store.placements.load_many(tenants, fresh=True)
+        used = dict(zip(tenants, (p.used for p in found), strict=True))
+        keys = self.store.keys
+        added = [
+            (pair, stream)
+            for pair in self._pairs
+            for stream in (keys.stream(s, pair.tenant, pair.queue) for s in used[pair.tenant])
+            if stream not in self._stream_pair
+        ]
+        for pair, stream in added:
+            if self._groups_ready:
+                await self.outcomes.register_group(stream, self.group)
+            pair.streams.append(stream)
+            self._stream_pair[stream] = pair
+        if added:
+            self.streams = list(self._stream_pair)
+            if self._groups_ready:  # a change while running (not the first read of them)
+                log.info("worker_streams_added", streams=[s for _, s in added])
+
+    async def _refresh_if_due(self) -> None:
+        if time.monotonic() < self._next_shards:
+            return
+        try:
+            await self._refresh_shards()
+        except RedisUnavailable as exc:
+            log.warning("shards_read_failed", error=str(exc))
 
     async def read(self, count: int = 100, block_ms: int = 1000) -> list[Delivery]:
         """New deliveries for this consumer (up to `count` per stream), waiting up to
         block_ms when there are none."""
         if not self._groups_ready:
             await self.ensure_groups()
+        await self._refresh_if_due()
         replies = await self._read_streams([(count, self.streams)], block_ms)
         return [d for _, _, got in replies for d in got]
 
@@ -430,6 +474,7 @@ class Worker:
                 if not self._groups_ready:
                     await self.ensure_groups()
                 got = await self._read_streams(plan, block)
+                await self._refresh_if_due()
             except RedisUnavailable as exc:
                 if "NOGROUP" in str(exc):  # streams gone (a restore, a flush): make them again
                     self._groups_ready = False

@@ -45,7 +45,7 @@ async def list_schedules(
     store: Store, tenant: str, *, limit: int = 100, cursor: str | None = None
 ) -> tuple[list[Schedule], str | None]:
     """A page of the tenant's schedules and the next cursor (None: no more)."""
-    shards = sorted(store.shards_of(tenant))
+    shards = await store.tenant_shards(tenant)  # first-use order: the cursor's index
     shard_index, scan, after = _parse_cursor(cursor)
     ids: list[str] = []
     scanned = 0

@@ -112,8 +112,7 @@ class ScheduleOps:
             token = ids.idempotent_token(new.tenant, "schedule\0" + new.idempotency_key)
         else:
             token = ids.new_token()
-        s = self.store.settings
-        shard = ids.shard_for(new.tenant, token, s.default_spread, s.shards)
+        shard = self.store.shard_for(new.tenant, token)
         return shard, ids.make_task_id(shard, token)
 
     def schedule_id(self, new: NewSchedule) -> str | None:
@@ -125,6 +124,7 @@ class ScheduleOps:
         An idempotency key already used by this tenant returns the existing schedule.
         StorageFull (nothing written) when its shard's node is near its memory ceiling."""
         self.tasks.check_payload(new.payload_json)
+        await self.store.placements.load(new.tenant)
         shard, sid = self._new_id(new)
         await self.store.guard.check([shard])
         _, keys = self._schedule_keys(sid)

@@ -9,7 +9,7 @@ import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal, TypedDict, Unpack
+from typing import Any, Literal, NotRequired, TypedDict, Unpack
 
 import httpx
 
@@ -108,6 +108,10 @@ class Tenant(TypedDict):
     id: str
     limits: dict[str, Any]
     created_at_ms: int
+    shards: NotRequired[list[int]]
+    """The shards the tenant's new tasks go to."""
+    shards_used: NotRequired[list[int]]
+    """Every shard that may hold the tenant's tasks."""
 
 
 class ApiKey(TypedDict):
@@ -210,6 +214,7 @@ class TenantLimits(TypedDict, total=False):
     max_schedules: int | None
     max_queues: int | None
     min_interval_s: float | None
+    shards: int | None
 
 
 Schedule = dict[str, Any]

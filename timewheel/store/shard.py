@@ -26,6 +26,7 @@ from timewheel.store.guard import StorageGuard
 from timewheel.store.keys import Keys
 from timewheel.store.library import Script, ScriptArg, Scripts
 from timewheel.store.pipeline import Lane, run_pipeline
+from timewheel.store.placement import Placements
 
 R = TypeVar("R")
 
@@ -62,6 +63,8 @@ class Store:
         """What a create asks before it writes (StorageFull near the memory ceiling)."""
         self.lane = None if isinstance(client, RedisCluster) else Lane(client)
         """Kept connections for the packed calls of a standalone Redis (store/pipeline.py)."""
+        self.placements = Placements(client, self.keys, settings)
+        """Tenants' shards as last read (store/placement.py)."""
 
     @classmethod
     async def connect(cls, settings: Settings) -> Store:
@@ -90,8 +93,18 @@ class Store:
     # -- placement ---------------------------------------------------------------------
 
     def shards_of(self, tenant: str) -> list[int]:
-        """The shards holding a tenant's tasks and ready streams."""
-        return ids.tenant_shards(tenant, self.settings.default_spread, self.settings.shards)
+        """The shards that may hold a tenant's tasks and ready streams (every shard it
+        has used), as last read: `tenant_shards` reads them when that is stale."""
+        return list(self.placements.get(tenant).used)
+
+    async def tenant_shards(self, tenant: str) -> list[int]:
+        """Every shard that may hold the tenant's tasks, at most CACHE_TTL_S old."""
+        return list((await self.placements.load(tenant)).used)
+
+    def shard_for(self, tenant: str, token: str) -> int:
+        """The shard of a new task or schedule of the tenant (its placement as last
+        read; a create loads it first)."""
+        return self.placements.get(tenant).shard_for(token)
 
     def locate(self, run_id: str) -> int:
         """The shard of a task, run or schedule id. Raises TaskNotFound for a malformed

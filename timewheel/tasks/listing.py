@@ -76,7 +76,7 @@ async def list_tasks(
     cursor: str | None = None,
 ) -> tuple[list[Task], str | None]:
     """A page of the tenant's tasks (filtered by queue and state) and the next cursor."""
-    shards = sorted(store.shards_of(tenant))
+    shards = await store.tenant_shards(tenant)  # first-use order: the cursor's index
     pos = _parse_cursor(cursor)
     out: list[Task] = []
     visited = examined = 0

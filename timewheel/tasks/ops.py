@@ -94,8 +94,7 @@ class TaskOps:
         if new.idempotency_key is None:
             return None
         token = ids.idempotent_token(new.tenant, new.idempotency_key)
-        s = self.store.settings
-        return ids.make_task_id(ids.shard_for(new.tenant, token, s.default_spread, s.shards), token)
+        return ids.make_task_id(self.store.shard_for(new.tenant, token), token)
 
     def prepare(self, new: NewTask) -> PreparedCreate:
         """Validate a create and give it its id, shard and task_create.lua values.
@@ -113,8 +112,7 @@ class TaskOps:
             token = ids.idempotent_token(new.tenant, new.idempotency_key)
         else:
             token = ids.new_token()
-        s = self.store.settings
-        shard = ids.shard_for(new.tenant, token, s.default_spread, s.shards)
+        shard = self.store.shard_for(new.tenant, token)
         task_id = ids.make_task_id(shard, token)
         offset = window.offset_ms(token, window.option_ms(new.options, "window_s"))
         group: list[ScriptArg] = [
@@ -161,6 +159,7 @@ class TaskOps:
             PayloadTooLarge: the payload is over the configured limit.
             StorageFull: the shard's Redis node is near its memory ceiling.
         """
+        await self.store.placements.load(new.tenant)
         prepared = self.prepare(new)
         shard = prepared.shard
         await self.store.guard.check([shard])
@@ -177,6 +176,7 @@ class TaskOps:
         """Create many tasks: one task_create.lua call per shard (and chunk), all in one
         pipeline (on Cluster, one per node, sent concurrently); results in batch order.
         StorageFull if any of their shards' nodes is near its ceiling: none is written."""
+        await self.store.placements.load_many(new.tenant for new in batch)
         prepared = [self.prepare(new) for new in batch]
         await self.store.guard.check(p.shard for p in prepared)
         calls = self.create_calls(prepared)

@@ -10,7 +10,7 @@ from timewheel.tenants import Limits, TenantStore
 
 async def tenant_headers(engine: Engine, tenant: str) -> dict[str, str]:
     """Register `tenant` (if new) and return headers with a fresh key of it."""
-    store = TenantStore(engine.client, engine.keys)
+    store = TenantStore(engine.client, engine.keys, placements=engine.store.placements)
     if not await engine.client.hexists(engine.keys.tenants(), tenant):
         await store.create_tenant(tenant, Limits())
     _, key = await store.issue_key(tenant)
