@@ -59,6 +59,7 @@ OPERATIONS = (
     "restore_schedule",
     "restore_runs",
     "restore_finished",
+    "snapshot_sent",
     "audit_shard",
     "audit_records",
     "audit_stream",
@@ -71,7 +72,7 @@ OPERATIONS = (
     "repair_pending",
     "repair_plan",
 )
-READ_ONLY = ("audit_shard", "audit_near", "audit_far", "audit_schedules")
+READ_ONLY = ("audit_shard", "audit_near", "audit_far", "audit_schedules", "snapshot_sent")
 """Operations registered with the no-writes flag: Redis refuses any write they attempt."""
 LIBS = (
     "hash",
@@ -237,6 +238,7 @@ class Scripts:
     restore_schedule: Script
     restore_runs: Script
     restore_finished: Script
+    snapshot_sent: Script
     audit_shard: Script
     audit_records: Script
     audit_stream: Script
