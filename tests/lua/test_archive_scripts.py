@@ -1,5 +1,6 @@
-"""lua/snapshot_sent.lua on a real Redis: of runs whose records say scheduled, the ones
-the tick sent (in neither level of the wheel), and no other."""
+"""The archive's read-only scripts on a real Redis: lua/snapshot_sent.lua names, of runs
+whose records say scheduled, the ones the tick sent (in neither level of the wheel), and
+no other; lua/archive_records.lua returns records as stored, in order."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from redis.exceptions import ResponseError
 
 from timewheel import ids
 from timewheel.engine import Engine
+from timewheel.store import record
 from timewheel.tasks.model import NewTask
 
 
@@ -50,3 +52,18 @@ async def test_snapshot_sent_names_the_runs_the_tick_sent(standalone_engine: Eng
     assert await _sent(engine, [far, *out, cancelled, near, gone]) == sorted(out)
     with pytest.raises(ResponseError, match="at most 500"):
         await _sent(engine, [far] * 501)
+
+
+async def test_archive_records_returns_each_record_as_stored(standalone_engine: Engine) -> None:
+    engine = standalone_engine
+    made = await engine.tasks.create(NewTask(tenant="a", payload_json='{"p":1}', delay_ms=60_000))
+    run_id = made.task.run_id
+    shard = engine.store.locate(run_id)
+    gone = ids.make_task_id(shard, ids.new_token())
+    script, meta = engine.store.scripts.archive_records, [engine.keys.meta(shard)]
+    raw = await engine.client.hget(engine.keys.body(shard, run_id), engine.keys.body_field(run_id))
+    assert isinstance(raw, bytes)
+    assert await script(engine.client, meta, [gone, run_id, gone]) == [None, raw, None]
+    assert record.decode_fields(raw)[6] == '{"p":1}'
+    with pytest.raises(ResponseError, match="at most 1000"):
+        await script(engine.client, meta, [run_id] * 1001)

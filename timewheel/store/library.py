@@ -60,6 +60,7 @@ OPERATIONS = (
     "restore_runs",
     "restore_finished",
     "snapshot_sent",
+    "archive_records",
     "audit_shard",
     "audit_records",
     "audit_stream",
@@ -72,7 +73,14 @@ OPERATIONS = (
     "repair_pending",
     "repair_plan",
 )
-READ_ONLY = ("audit_shard", "audit_near", "audit_far", "audit_schedules", "snapshot_sent")
+READ_ONLY = (
+    "audit_shard",
+    "audit_near",
+    "audit_far",
+    "audit_schedules",
+    "snapshot_sent",
+    "archive_records",
+)
 """Operations registered with the no-writes flag: Redis refuses any write they attempt."""
 LIBS = (
     "hash",
@@ -239,6 +247,7 @@ class Scripts:
     restore_runs: Script
     restore_finished: Script
     snapshot_sent: Script
+    archive_records: Script
     audit_shard: Script
     audit_records: Script
     audit_stream: Script
