@@ -266,9 +266,13 @@ def test_dev_restore_brings_back_tenants_keys_limits_dead_letters_and_finished_r
         sched = dev.post("/v1/schedules", key, {"every_s": 3600, "payload": {"s": 1}})
         assert sched.status_code == 201, sched.text
         # All of it archived (events and the key's hash), and a snapshot complete.
-        for run_id, kind in ((once_id, "acked"), (dead_id, "dead"), (mine.json()["id"], "created")):
+        wanted = [(once_id, "acked"), (dead_id, "dead"), (mine.json()["id"], "created")]
+        wanted += [(task_id, "created") for task_id in far_ids]
+        for run_id, kind in wanted:
             query = "SELECT count(*) FROM run_events WHERE run_id = %s AND kind = %s"
             assert _poll(query, (run_id, kind), dsn) == 1, (run_id, kind)
+        in_table = "SELECT count(*) FROM schedules WHERE schedule_id = %s"
+        assert _poll(in_table, (sched.json()["id"],), dsn) == 1
         assert _poll("SELECT count(*) FROM api_keys WHERE tenant = 'acme'", (), dsn) == 1
         complete = "SELECT count(*) FROM snapshots WHERE finished_at IS NOT NULL"
         assert _poll(complete, (), dsn) >= 1
@@ -292,7 +296,7 @@ def test_dev_restore_brings_back_tenants_keys_limits_dead_letters_and_finished_r
         assert tenant.json()["limits"]["max_pending"] == 2
         for task_id in far_ids:
             got = dev.get(f"/v1/tasks/{task_id}", acme)
-            assert got.status_code == 200, got.text
+            assert got.status_code == 200, (got.text, dev.log.read_text()[-3000:])
             assert got.json()["state"] == "scheduled"
         assert dev.get(f"/v1/tasks/{mine.json()['id']}", key).json()["payload"] == {"n": 1}
         over = dev.post("/v1/tasks", acme, {"delay": 3600, "payload": {"far": 3}})
