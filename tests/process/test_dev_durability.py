@@ -1,6 +1,8 @@
 """`timewheel dev` with its own PostgreSQL, as docs/operations/durability.md tells a user
 to run it: the DSN is printed, the archiver and the snapshots run, the keys survive a
-restart, and `timewheel dev --restore` brings the work back after Redis lost its data."""
+restart, and `timewheel dev --restore` brings the work back after Redis lost its data:
+tenants with their limits and keys, scheduled runs, dead letters, finished records
+(their idempotency keys) and schedules."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -81,10 +83,16 @@ class Dev:
     def get(self, path: str, key: str) -> httpx.Response:
         return httpx.get(f"{self.base}{path}", headers={"Authorization": f"Bearer {key}"})
 
+    def delete(self, path: str, key: str) -> httpx.Response:
+        return httpx.delete(f"{self.base}{path}", headers={"Authorization": f"Bearer {key}"})
+
     def post(self, path: str, key: str, body: dict[str, object]) -> httpx.Response:
         return httpx.post(
             f"{self.base}{path}", json=body, headers={"Authorization": f"Bearer {key}"}
         )
+
+    def redis_url(self) -> str:
+        return self.wait_for(r"redis (redis://\S+)").group(1)
 
     def stop(self) -> str:
         """Ctrl-C; the output, after checking dev exited 0 without a traceback."""
@@ -176,6 +184,161 @@ def test_dev_archives_keeps_its_keys_and_restores_from_its_own_postgres(
         assert schedule.json()["state"] == "active"
         assert dev.get("/v1/tenants/default", admin).status_code == 200
     finally:
+        dev.stop()
+
+
+class Worker:
+    """`timewheel worker` with timewheel.testing.apps:drill for one tenant's queue `jobs`:
+    a payload {"fail": true} dies (a dead letter) until the file `healed` exists."""
+
+    def __init__(self, redis_url: str, tenant: str, tmp: Path, name: str) -> None:
+        self.handled_log = tmp / "handled.log"
+        self.healed = tmp / "healed"
+        self.log = tmp / f"{name}.log"
+        command = [*CLI, "worker", "--app", "timewheel.testing.apps:drill", "--tenant", tenant]
+        command += ["--queue", "jobs", "--redis-url", redis_url]
+        env = {**os.environ, "TIMEWHEEL_SHARDS": "16", "TW_TEST_LOG": str(self.handled_log)}
+        env["TW_TEST_HEALED"] = str(self.healed)
+        with self.log.open("w") as out:
+            self.proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def _until(what: str, check: Callable[[], bool], timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, f"timed out: {what}"
+        time.sleep(0.2)
+
+
+def test_dev_restore_brings_back_tenants_keys_limits_dead_letters_and_finished_runs(
+    data_dir: Path, tmp_path: Path
+) -> None:
+    """The runbook's dev drill: build up tenants, keys, limits, scheduled, dead and
+    succeeded runs and a schedule under `timewheel dev`; stop it (Ctrl-C), lose the Redis
+    data, start `timewheel dev --restore`; everything a tenant relies on is back."""
+    dev = Dev(data_dir, tmp_path / "dev1.log", "--redis-port", "0", "--snapshot-every", "0.05")
+    worker: Worker | None = None
+    try:
+        dsn = dev.export("TIMEWHEEL_POSTGRES_DSN")
+        admin, key = dev.export("TIMEWHEEL_ADMIN_KEY"), dev.export("TIMEWHEEL_KEY")
+        dev.ready()
+        # A second tenant, with limits and a key of its own, through the admin API.
+        made = dev.post("/v1/tenants", admin, {"id": "acme", "limits": {"max_pending": 2}})
+        assert made.status_code == 201, made.text
+        issued = dev.post("/v1/tenants/acme/keys", admin, {})
+        assert issued.status_code == 201, issued.text
+        acme = issued.json()["key"]
+        # A run that succeeds (with an idempotency key) and one that dies at once.
+        worker = Worker(dev.redis_url(), "acme", tmp_path, "worker1")
+        once = dev.post(
+            "/v1/tasks",
+            acme,
+            {"delay": 0, "queue": "jobs", "payload": {"k": 1}, "idempotency_key": "once"},
+        )
+        assert once.status_code == 201, once.text
+        fails = {"delay": 0, "queue": "jobs", "payload": {"fail": True}}
+        doomed = dev.post("/v1/tasks", acme, {**fails, "retry": {"max_attempts": 1}})
+        assert doomed.status_code == 201, doomed.text
+        once_id, dead_id = once.json()["id"], doomed.json()["id"]
+
+        def state(task_id: str) -> str:
+            return str(dev.get(f"/v1/tasks/{task_id}", acme).json()["state"])
+
+        _until("the runs finish", lambda: (state(once_id), state(dead_id)) == ("succeeded", "dead"))
+        worker.stop()
+        # acme at its max_pending of 2; the default tenant with a schedule and a run.
+
+        def create_far(n: int) -> httpx.Response:
+            """A create retried while the finished runs may still count as pending (the
+            usage count follows the worker's acks a moment after GET shows them)."""
+            deadline = time.monotonic() + 20
+            while True:
+                made = dev.post("/v1/tasks", acme, {"delay": 3600, "payload": {"far": n}})
+                if made.status_code != 429 or time.monotonic() > deadline:
+                    return made
+                time.sleep(0.2)
+
+        far = [create_far(i) for i in (1, 2)]
+        assert [r.status_code for r in far] == [201, 201], [r.text for r in far]
+        far_ids = [r.json()["id"] for r in far]
+        over = dev.post("/v1/tasks", acme, {"delay": 3600, "payload": {"far": 3}})
+        assert over.status_code == 429, over.text
+        mine = dev.post("/v1/tasks", key, {"delay": 3600, "payload": {"n": 1}})
+        assert mine.status_code == 201, mine.text
+        sched = dev.post("/v1/schedules", key, {"every_s": 3600, "payload": {"s": 1}})
+        assert sched.status_code == 201, sched.text
+        # All of it archived (events and the key's hash), and a snapshot complete.
+        wanted = [(once_id, "acked"), (dead_id, "dead"), (mine.json()["id"], "created")]
+        wanted += [(task_id, "created") for task_id in far_ids]
+        for run_id, kind in wanted:
+            query = "SELECT count(*) FROM run_events WHERE run_id = %s AND kind = %s"
+            assert _poll(query, (run_id, kind), dsn) == 1, (run_id, kind)
+        in_table = "SELECT count(*) FROM schedules WHERE schedule_id = %s"
+        assert _poll(in_table, (sched.json()["id"],), dsn) == 1
+        assert _poll("SELECT count(*) FROM api_keys WHERE tenant = 'acme'", (), dsn) == 1
+        complete = "SELECT count(*) FROM snapshots WHERE finished_at IS NOT NULL"
+        assert _poll(complete, (), dsn) >= 1
+    finally:
+        if worker is not None:
+            worker.stop()
+        dev.stop()
+
+    # The runbook: Ctrl-C (done), the Redis data is lost, `timewheel dev --restore`.
+    shutil.rmtree(data_dir / "redis")
+    dev = Dev(data_dir, tmp_path / "dev2.log", "--redis-port", "0", "--restore")
+    worker = None
+    try:
+        assert dev.export("TIMEWHEEL_ADMIN_KEY") == admin
+        assert dev.export("TIMEWHEEL_KEY") == key  # the same string, not a new key
+        dev.ready()
+        assert re.search(r"restored [1-9]\d* runs from snapshot \d+", dev.log.read_text())
+        # The old keys, as they were issued, and the tenant's limits.
+        tenant = dev.get("/v1/tenants/acme", admin)
+        assert tenant.status_code == 200, tenant.text
+        assert tenant.json()["limits"]["max_pending"] == 2
+        for task_id in far_ids:
+            got = dev.get(f"/v1/tasks/{task_id}", acme)
+            assert got.status_code == 200, (got.text, dev.log.read_text()[-3000:])
+            assert got.json()["state"] == "scheduled"
+        assert dev.get(f"/v1/tasks/{mine.json()['id']}", key).json()["payload"] == {"n": 1}
+        over = dev.post("/v1/tasks", acme, {"delay": 3600, "payload": {"far": 3}})
+        assert over.status_code == 429, over.text
+        assert over.json()["error"]["field"] == "max_pending"
+        schedule = dev.get(f"/v1/schedules/{sched.json()['id']}", key)
+        assert schedule.status_code == 200, schedule.text
+        assert schedule.json()["state"] == "active"
+        # The finished run: GET answers, its idempotency key still finds it.
+        assert state(once_id) == "succeeded"
+        assert dev.delete(f"/v1/tasks/{far_ids[0]}", acme).status_code == 200
+        again = dev.post(
+            "/v1/tasks",
+            acme,
+            {"delay": 0, "queue": "jobs", "payload": {"k": 1}, "idempotency_key": "once"},
+        )
+        assert again.status_code == 200, again.text
+        assert again.json()["id"] == once_id
+        # The dead letter lists, with its reason, and replays; a healed worker runs it.
+        letters = dev.get("/v1/dead-letters", acme).json()["items"]
+        assert [d["run_id"] for d in letters] == [dead_id], letters
+        assert letters[0]["payload"] == {"fail": True}
+        replayed = dev.post(f"/v1/dead-letters/{dead_id}/replay", acme, {})
+        assert replayed.status_code == 200, replayed.text
+        assert dev.get("/v1/dead-letters", acme).json()["items"] == []
+        worker = Worker(dev.redis_url(), "acme", tmp_path, "worker2")
+        worker.healed.touch()
+        _until("the replayed run succeeds", lambda: state(dead_id) == "succeeded")
+    finally:
+        if worker is not None:
+            worker.stop()
         dev.stop()
 
 

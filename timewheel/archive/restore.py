@@ -24,9 +24,11 @@ records whose retention had ended.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import AsyncGenerator, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -282,9 +284,12 @@ async def restore(
                     await _open_tenant_log(store, conn)
                     steps.step("tenants", tenants=len(archived.tenants), keys=len(archived.keys))
                     shards = []
-                    for shard in range(settings.shards):
-                        shards.append(await _restore_shard(store, conn, snapshot, shard, cutoff_ms))
-                        steps.step(f"shard {shard}", **_counts(shards[-1]))
+                    plans = _plans(conn, snapshot, settings.shards, cutoff_ms)
+                    async with contextlib.aclosing(plans):
+                        async for shard, plan in plans:
+                            done = await _restore_shard(store, conn, snapshot, shard, plan)
+                            shards.append(done)
+                            steps.step(f"shard {shard}", **_counts(done))
                     schedules = await write_schedule_hashes(store, conn, snapshot)
                     steps.step("schedules", schedules=schedules)
                 finally:
@@ -448,14 +453,34 @@ async def _dead_reasons(
             dead[str(rid)].reason = str(reason)
 
 
+async def _plans(
+    conn: psycopg.AsyncConnection[tuple[object, ...]], snapshot: int, shards: int, cutoff_ms: int
+) -> AsyncGenerator[tuple[int, _ShardPlan], None]:
+    """Every shard's plan, in order, the next one read from PostgreSQL while the caller
+    writes this one into Redis (the two servers work at once; the connection runs one
+    statement at a time, so its statements only interleave)."""
+    ahead: asyncio.Task[_ShardPlan] | None = None
+    try:
+        for shard in range(shards):
+            plan = await (ahead or _plan_shard(conn, snapshot, shard, cutoff_ms))
+            ahead = None
+            if shard + 1 < shards:
+                ahead = asyncio.create_task(_plan_shard(conn, snapshot, shard + 1, cutoff_ms))
+            yield shard, plan
+    finally:
+        if ahead is not None:
+            ahead.cancel()
+            with contextlib.suppress(asyncio.CancelledError, psycopg.Error):
+                await ahead
+
+
 async def _restore_shard(
     store: Store,
     conn: psycopg.AsyncConnection[tuple[object, ...]],
     snapshot: int,
     shard: int,
-    cutoff_ms: int,
+    plan: _ShardPlan,
 ) -> ShardSummary:
-    plan = await _plan_shard(conn, snapshot, shard, cutoff_ms)
     written, existing = await _write(store, shard, plan.pending)
     dead = [(rid, run) for rid, run in plan.finished if run.state == "dead"]
     done = [(rid, run) for rid, run in plan.finished if run.state != "dead"]
@@ -521,33 +546,51 @@ async def _write(
 ) -> tuple[int, int]:
     """Write runs through lua/restore_runs.lua (pending ones) or lua/restore_finished.lua,
     RUNS_PER_CALL per call, CALLS_PER_PIPELINE calls per round trip (each call stays
-    short; the pipeline only saves round trips)."""
+    short; the pipeline only saves round trips). One pipeline is in flight while the
+    next is built, so Redis runs scripts while Python packs arguments."""
     scripts = store.scripts
     script = scripts.restore_finished if finished else scripts.restore_runs
     keys = [store.keys.meta(shard)]
     calls: list[Call[tuple[int, int]]] = []
     group: list[ScriptArg] = []
     count = written = existing = 0
+    inflight: asyncio.Task[list[tuple[int, int]]] | None = None
+
+    async def settle() -> None:
+        nonlocal written, existing, inflight
+        if inflight is not None:
+            for one_written, one_existing in await inflight:
+                written += one_written
+                existing += one_existing
+            inflight = None
 
     async def send() -> None:
-        nonlocal written, existing, calls
-        for one_written, one_existing in await store.run_many(calls):
-            written += one_written
-            existing += one_existing
+        nonlocal calls, inflight
+        await settle()
+        inflight = asyncio.create_task(store.run_many(calls))
         calls = []
 
-    for run_id, run in pending:
-        group.extend(run.finished_args(run_id) if finished else run.args(run_id))
-        count += 1
-        if count == RUNS_PER_CALL:
+    try:
+        for run_id, run in pending:
+            group.extend(run.finished_args(run_id) if finished else run.args(run_id))
+            count += 1
+            if count == RUNS_PER_CALL:
+                calls.append(
+                    Call(script, keys, [store.settings.bucket_ms, count, *group], _restored)
+                )
+                group, count = [], 0
+                if len(calls) == CALLS_PER_PIPELINE:
+                    await send()
+        if count:
             calls.append(Call(script, keys, [store.settings.bucket_ms, count, *group], _restored))
-            group, count = [], 0
-            if len(calls) == CALLS_PER_PIPELINE:
-                await send()
-    if count:
-        calls.append(Call(script, keys, [store.settings.bucket_ms, count, *group], _restored))
-    if calls:
-        await send()
+        if calls:
+            await send()
+        await settle()
+    finally:
+        if inflight is not None:  # an error: the pipeline's outcome no longer matters
+            inflight.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await inflight
     return written, existing
 
 

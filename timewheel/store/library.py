@@ -59,6 +59,8 @@ OPERATIONS = (
     "restore_schedule",
     "restore_runs",
     "restore_finished",
+    "snapshot_sent",
+    "archive_records",
     "audit_shard",
     "audit_records",
     "audit_stream",
@@ -73,7 +75,15 @@ OPERATIONS = (
     "audit_publish",
     "audit_archive",
 )
-READ_ONLY = ("audit_shard", "audit_near", "audit_far", "audit_schedules", "audit_archive")
+READ_ONLY = (
+    "audit_shard",
+    "audit_near",
+    "audit_far",
+    "audit_schedules",
+    "audit_archive",
+    "snapshot_sent",
+    "archive_records",
+)
 """Operations registered with the no-writes flag: Redis refuses any write they attempt."""
 LIBS = (
     "hash",
@@ -239,6 +249,8 @@ class Scripts:
     restore_schedule: Script
     restore_runs: Script
     restore_finished: Script
+    snapshot_sent: Script
+    archive_records: Script
     audit_shard: Script
     audit_records: Script
     audit_stream: Script
