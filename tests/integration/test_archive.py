@@ -321,3 +321,21 @@ async def test_schedule_history_falls_back_to_postgres_when_the_log_lost_it(
     assert [r.run_id for r in await schedule_history(no_pg, sched.id, sched.created_ms)] == [
         f"{sched.id}@7200000"
     ]
+
+
+async def test_a_stopping_archiver_archives_what_is_left(engine_pg: tuple[Engine, str]) -> None:
+    engine, dsn = engine_pg
+    conn = await pg.connect(dsn)
+    try:
+        archiver = Archiver(engine.store, conn)
+        await archiver.start()
+        await make_history(engine, tasks=30)
+        stop = asyncio.Event()
+        stop.set()  # stopped before a single round: only the drain archives
+        await archiver.run(stop, drain_s=30)
+        assert await pg_rows(dsn) == await redis_rows(engine)
+        await engine.tasks.create(NewTask("t0", delay_ms=3_600_000))
+        await archiver.run(stop)  # no drain: the new event stays in the log only
+        assert len(await pg_rows(dsn)) == len(await redis_rows(engine)) - 1
+    finally:
+        await archiver.conn.close()

@@ -354,8 +354,11 @@ class Archiver:
         poll_interval_s: float = 0.1,
         snapshot_every_s: float | None = None,
         dsn: str = "",
+        drain_s: float = 0.0,
     ) -> None:
-        """Archive until `stop` is set; take a snapshot every `snapshot_every_s` if given.
+        """Archive until `stop` is set; take a snapshot every `snapshot_every_s` if given;
+        then, for at most `drain_s`, archive what is left until a round finds nothing (so
+        a process stopped after the writers narrows what only the AOF holds to nothing).
 
         A round that found a full batch goes again at once; one that found some entries
         sleeps BUSY_SLEEP_S (small batches, low lag under load); an idle one sleeps
@@ -401,6 +404,26 @@ class Archiver:
                 snapshots.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await snapshots
+        if drain_s > 0 and not failing:
+            await self.drain(drain_s)
+
+    async def drain(self, limit_s: float) -> int:
+        """Archive rounds until one finds nothing or `limit_s` passed; the entries
+        archived. A server that fails meanwhile ends it (logged): what is left stays in
+        the event log for the next start."""
+        deadline, total = time.monotonic() + limit_s, 0
+        try:
+            while time.monotonic() < deadline:
+                count = await self.run_once()
+                total += count
+                if count == 0:
+                    log.info("archiver_drained", entries=total)
+                    return total
+        except (RedisUnavailable, PostgresUnavailable, ConfigError) as exc:
+            log.warning("archiver_drain_stopped", error=str(exc), entries=total)
+            return total
+        log.warning("archiver_drain_unfinished", entries=total, limit_s=limit_s)
+        return total
 
     async def _snapshots(self, stop: asyncio.Event, every_s: float, dsn: str) -> None:
         """Take a snapshot every `every_s` seconds on a connection of its own; the first

@@ -113,6 +113,10 @@ async def _restore(settings: Settings) -> None:
     )
 
 
+DRAIN_S = 10.0
+"""How long a stopping dev archives what is left at most."""
+
+
 async def _archive(engine: Engine, dsn: str, stop: asyncio.Event, every_s: float) -> None:
     """The archiver with its snapshots, until `stop`; a failure stops dev (loudly) rather
     than leaving it running without an archive."""
@@ -123,7 +127,7 @@ async def _archive(engine: Engine, dsn: str, stop: asyncio.Event, every_s: float
     archiver = Archiver(engine.store, conn)
     try:
         await archiver.start()
-        await archiver.run(stop, snapshot_every_s=every_s, dsn=dsn)
+        await archiver.run(stop, snapshot_every_s=every_s, dsn=dsn, drain_s=DRAIN_S)
     finally:
         await archiver.conn.close()
 
@@ -192,16 +196,21 @@ async def _serve(
         if settings.postgres_dsn:
             print(f"export TIMEWHEEL_POSTGRES_DSN={settings.postgres_dsn}", flush=True)
         stop = asyncio.Event()
+        # The archiver stops after the API and the scheduler, and archives what they
+        # wrote last before it exits (DRAIN_S), so a stopped dev holds nothing in Redis
+        # alone that the archive lacks.
+        archiver_stop = asyncio.Event()
         archiver: asyncio.Task[None] | None = None
         if settings.postgres_dsn:
             archiver = asyncio.create_task(
-                _archive(engine, settings.postgres_dsn, stop, args.snapshot_every * 60)
+                _archive(engine, settings.postgres_dsn, archiver_stop, args.snapshot_every * 60)
             )
             archiver.add_done_callback(lambda _: stop.set())
         try:
             await serve(engine, api=True, scheduler=True, host=args.host, port=args.port, stop=stop)
         finally:
             stop.set()
+            archiver_stop.set()
             if archiver is not None:
                 await archiver  # re-raises what stopped it
     finally:

@@ -101,6 +101,7 @@ async def _run_archiver(args: argparse.Namespace) -> None:
                 poll_interval_s=args.poll_ms / 1000,
                 snapshot_every_s=every,
                 dsn=settings.postgres_dsn,
+                drain_s=5.0,  # within a container runtime's 10 s stop grace
             )
         finally:
             await engine.close()
