@@ -89,6 +89,7 @@ LIBS = (
     "retry",
     "lag",
     "rate",
+    "park",
     "delivery",
     "audit",
 )
