@@ -103,6 +103,7 @@ UNSET_LIMITS = dict.fromkeys(
         "max_schedules",
         "max_queues",
         "min_interval_s",
+        "max_backlog",
     )
 )
 """A tenant's limits with none of its own set (each the deployment's default)."""
