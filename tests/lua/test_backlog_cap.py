@@ -6,8 +6,10 @@ the stream stays full; the cap changes live; cancels and the audit see parked ru
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import secrets
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -21,10 +23,11 @@ from timewheel.engine import Engine
 from timewheel.models import Delivery
 from timewheel.runs.delivery import parse_entry
 from timewheel.tasks.model import NewTask
+from timewheel.tenants import Limits, TenantStore
 from timewheel.testing.api import assert_error
 from timewheel.testing.audit import audit
 from timewheel.testing.clock import NOW
-from timewheel.testing.dispatch import all_deliveries, prime
+from timewheel.testing.dispatch import all_deliveries, prime, running_scheduler
 from timewheel.testing.settings import test_settings
 
 SHARD = 0
@@ -189,3 +192,47 @@ async def test_a_bad_cap_is_refused_with_its_field(api: httpx.AsyncClient, value
     assert_error(resp, 422, "invalid", "limits.max_backlog")
     bad = await api.post("/v1/tenants", json={"id": "b", "limits": {"max_backlog": value}})
     assert_error(bad, 422, "invalid", "limits.max_backlog")
+
+
+async def test_a_running_scheduler_lets_parked_runs_out_as_a_reader_drains(
+    engine: Engine,
+) -> None:
+    """Nothing wakes the scheduler when a stream drains: its sweep ticks the shard, and
+    each tick puts back what fits. A slow reader gets every run once, in due order."""
+    store = TenantStore(
+        engine.client,
+        engine.keys,
+        rates=DispatchRates.of(engine.store),
+        placements=engine.store.placements,
+    )
+    await store.create_tenant("acme", Limits(max_backlog=3))  # the sync keeps its copy
+    stream = _stream(engine, "acme", "mail")
+    await engine.outcomes.register_group(stream, GROUP)
+    now = int(time.time() * 1000)
+    ids = await _create(engine, "acme", "mail", 12, now - 100)
+    got: list[Delivery] = []
+    async with running_scheduler(engine):
+        deadline = time.monotonic() + 30
+        while len(got) < 12:
+            assert time.monotonic() < deadline, f"{len(got)} of 12 read"
+            batch = await _read(engine, stream, 2)
+            assert await engine.client.xlen(stream) <= 3 + len(batch)  # never past the cap
+            got += batch
+            if batch:
+                await engine.outcomes.ack_many(batch, GROUP)
+            await asyncio.sleep(0.05)
+    assert [d.run_id for d in got] == ids
+
+
+async def test_the_schedulers_sync_copies_caps_written_elsewhere(engine: Engine) -> None:
+    """A cap set where no copy was written (a restore, a crash between the two writes)
+    reaches the shards with the sync; a cleared one leaves them."""
+    store = TenantStore(engine.client, engine.keys, placements=engine.store.placements)
+    await store.create_tenant("acme", Limits(max_backlog=7))
+    caps = DispatchRates.of(engine.store)
+    assert await engine.client.hget(engine.keys.caps(SHARD), "acme") is None
+    assert await caps.sync() == 1
+    assert await engine.client.hget(engine.keys.caps(SHARD), "acme") == b"7"
+    await store.update_limits("acme", {"max_backlog": None})
+    assert await caps.sync() == 1
+    assert await engine.client.hexists(engine.keys.caps(SHARD), "acme") == 0
