@@ -81,8 +81,11 @@ async def test_runs_past_the_cap_park_and_go_out_in_due_order_as_the_stream_drai
     assert res.per_tenant == {"acme": 5 + 4, "beta": 20}
     assert (res.parked, res.parked_pairs) == (7, {("acme", "mail"): 7})
     assert await engine.client.xlen(stream) == 5
-    for task_id in capped[5:]:  # waiting in the wheel, not dropped, not sent
-        assert (await engine.tasks.get("acme", task_id)).state == "scheduled"
+    waiting = [await engine.tasks.get("acme", task_id) for task_id in capped]
+    # In the wheel, not dropped, not sent: as GET and the task list (sent_runs) read it.
+    assert [t.state for t in waiting] == ["dispatched"] * 5 + ["scheduled"] * 7
+    parked = waiting[5:]
+    assert await engine.tasks.sent_runs(SHARD, parked) == set()
 
     # The stream stays full: the next passes read no parked run (nothing consumed) and
     # the tenant is out of the due index.
