@@ -221,7 +221,7 @@ local function serve(tenant, n)
 end
 
 -- Parked pairs whose streams drained: their oldest runs go back to the near level first.
-local still_parked, released = park_release(tag, cap_of, due_key, limit)
+local still_parked, released, parked_pairs = park_release(tag, cap_of, due_key, limit)
 
 local tenants = rcall('ZRANGE', due_key, '-inf', now, 'BYSCORE', 'LIMIT', 0, limit)
 
@@ -304,8 +304,7 @@ if consumed >= limit then
     backlog = backlog + rcall('ZCOUNT', tag .. 'near:' .. tenants[i], '-inf', now)
   end
 end
-local parked_pairs = {}
-if still_parked > 0 or parked_now > 0 then
+if parked_now > 0 then  -- counted again only when this call parked runs
   still_parked, parked_pairs = park_counts(tag)
 end
 local promoted_until = wheel_promoted_until(meta_key)

@@ -21,10 +21,11 @@
 --       tenant per call.
 --   park_undelivered(stream, cap) -> n   undelivered entries, exact when n >= cap.
 --   park_run(tag, tenant, queue, run_id, due)   park one run.
---   park_release(tag, cap_of, due_key, limit) -> parked, released   put back into the
---       near level, oldest first, as many parked runs of each pair as its stream has room
---       for (at most limit in all), and the tenant into the due index at its earliest;
---       drop pairs left empty. Returns runs still parked and runs put back.
+--   park_release(tag, cap_of, due_key, limit) -> parked, released, pairs   put back
+--       into the near level, oldest first, as many parked runs of each pair as its stream
+--       has room for (at most limit in all), and the tenant into the due index at its
+--       earliest; drop pairs left empty. Returns runs still parked, runs put back and
+--       {tenant, queue, parked, ...} of the pairs still parked.
 --   park_counts(tag) -> parked, {tenant, queue, parked, ...}   the runs parked per pair.
 
 local function park_caps(tag, default)
@@ -70,10 +71,10 @@ end
 local function park_release(tag, cap_of, due_key, limit)
   local parked_key = tag .. 'parked'
   if redis.call('EXISTS', parked_key) == 0 then
-    return 0, 0
+    return 0, 0, {}
   end
   local pairs_ = redis.call('HKEYS', parked_key)
-  local still, released = 0, 0
+  local still, released, out = 0, 0, {}
   for _, pair in ipairs(pairs_) do
     local tenant, queue = string.match(pair, '^([^:]+):(.+)$')
     local key = tag .. 'park:' .. pair
@@ -100,9 +101,10 @@ local function park_release(tag, cap_of, due_key, limit)
       redis.call('HDEL', parked_key, pair)
     else
       still = still + left
+      out[#out + 1], out[#out + 2], out[#out + 3] = tenant, queue, left
     end
   end
-  return still, released
+  return still, released, out
 end
 
 local function park_counts(tag)
