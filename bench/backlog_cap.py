@@ -103,13 +103,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--per-queue", type=int, default=250, help="runs per tenant and queue")
     parser.add_argument("--idle", type=int, default=1000, help="ticks with nothing due")
     parser.add_argument("--quick", action="store_true", help="a fifth of the runs")
+    parser.add_argument(
+        "--scenarios", default="no_cap,default,capped", help="comma list, in the order run"
+    )
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     if args.quick:
         args.per_queue //= 5
     out: dict[str, Any] = {"config": vars(args) | {"out": str(args.out)}}
     with tempfile.TemporaryDirectory() as root:
-        for name in ("no_cap", "default", "capped"):
+        for name in args.scenarios.split(","):
 
             def work(url: str, name: str = name) -> dict[str, Any]:
                 return asyncio.run(scenario(url, name, args))
