@@ -7,15 +7,18 @@
   ARGV[2] now_ms override ('' = TIME)   ARGV[3] node ('' = unfenced)   ARGV[4] epoch
   ARGV[5] event log cap   ARGV[6] misfire_ms   ARGV[7] bucket_ms
   ARGV[8] lag histogram bounds, ms ascending, comma-separated ('' = one bucket)
+  ARGV[9] default max_backlog of a tenant not in caps (0 = no cap)
   Derived keys (same tag): near:<tenant>, t:<xy>, q:<tenant>:<queue>, lease, wheel,
   dead:<tenant> (a run past its expires_at is dead-lettered, reason expired, not sent),
   s:<sid>, sr:<sid>, x:<bucket>, expiry (a schedule's run may be skipped: misfire past
   misfire_ms under its catchup policy, or overlap; see lib/schedule.lua), rates (HASH
   tenant -> runs/s this shard may send for it, written by timewheel/dispatch/rates.py), tokens
-  (HASH tenant -> 'tokens:stamp_ms', the rate-limited tenants' buckets).
+  (HASH tenant -> 'tokens:stamp_ms', the rate-limited tenants' buckets), caps, parked,
+  park:<tenant>:<queue> (lib/park.lua).
   Returns: {dispatched, next_due_ms, now_ms, clock_back_ms, next_bucket_ms, promoted_until,
            consumed, {tenant, count, ...}, {count, ...}, backlog, lag_sum_ms,
-           {tenant, held, ...}, {tenant, lag_sum_ms, ...}}
+           {tenant, held, ...}, {tenant, lag_sum_ms, ...}, parked, released,
+           {tenant, queue, parked, ...}}
            next_due_ms / next_bucket_ms are -1 when nothing waits; consumed (near entries
            taken, stale ones included) = limit means more may be due now; the lists give
            runs dispatched per tenant and, for metrics, how many runs' lag (now - due_ms)
@@ -23,7 +26,10 @@
            last bound (empty when none was sent); lag_sum_ms adds up the lags. backlog
            counts runs still due after this call (0 unless consumed = limit); the last
            list but one gives, per tenant held back by its rate, its runs still due;
-           the last, per tenant with runs dispatched, their lags added up (ms).
+           the next, per tenant with runs dispatched, their lags added up (ms); parked
+           counts the runs waiting in the wheel for their stream to drain after this
+           call, released those this call put back into the near level, and the last
+           list gives the parked runs per (tenant, queue).
   Errors:  {-3} LEASE_LOST: ARGV[3] no longer holds the shard at epoch ARGV[4].
   Fairness: deficit round robin with unit cost. Each round gives every tenant with due
   runs an equal share of what is left of the limit, so one tenant's backlog due in the
@@ -33,13 +39,19 @@
   held back: its entry in the due index moves to when the next token is due, so the
   scheduler sleeps until then instead of ticking it. Held-back runs stay in the near
   level, never dropped.
+  Backlog cap (lib/park.lua): a run whose (tenant, queue) stream holds its max_backlog
+  undelivered entries is not sent but parked: it leaves the near level for the pair's
+  park set, its record still scheduled. The tenant's runs of other queues go on. Each
+  call first checks every parked pair's stream (one XLEN, no run read) and puts back, oldest
+  first, as many of its runs as the stream has room for; they are then sent in due
+  order with the tenant's other due runs.
   Clock: now = max(TIME, hwm). A clock that steps back neither re-opens a window nor
   delays runs already due by the high-water mark; clock_back_ms reports the step. ]]
 local rcall = redis.call
 local meta_key, due_key, events_key = KEYS[1], KEYS[2], KEYS[3]
 local limit, now_override, node, epoch = tonumber(ARGV[1]), ARGV[2], ARGV[3], ARGV[4]
 local event_cap, misfire_ms, bucket_ms = ARGV[5], tonumber(ARGV[6]), tonumber(ARGV[7])
-local lag_bounds_text = ARGV[8]
+local lag_bounds_text, default_cap = ARGV[8], tonumber(ARGV[9]) or 0
 local tag = string.sub(meta_key, 1, -5)
 
 --!include lib/record.lua
@@ -51,6 +63,7 @@ local tag = string.sub(meta_key, 1, -5)
 --!include lib/lease.lua
 --!include lib/lag.lua
 --!include lib/rate.lua
+--!include lib/park.lua
 
 if not lease_holds(tag, node, epoch) then
   return { -3 }
@@ -60,6 +73,11 @@ local now, clock_back = clock_shard_ms(meta_key, now_override)
 
 local sched_ctx = schedule_ctx(tag, now, bucket_ms, misfire_ms, events_key, event_cap)
 sched_ctx.sent = {}  -- runs this call sent (schedule_admit)
+
+-- Backlog caps: cap_of(tenant), and per capped stream the entries it may still take.
+local cap_of = park_caps(tag, default_cap)
+local room = {}
+local parked_now = 0
 
 local function first_score(key)
   local first = rcall('ZRANGE', key, 0, 0, 'WITHSCORES')
@@ -123,6 +141,24 @@ local function dispatch(tenant, run_id, streams)
       return nil
     end
   end
+  local stream = streams[queue]
+  if stream == nil then
+    stream = tag .. 'q:' .. tenant .. ':' .. queue
+    streams[queue] = stream
+  end
+  local cap = cap_of(tenant)
+  if cap > 0 then
+    local left = room[stream]
+    if left == nil then
+      left = cap - park_undelivered(stream, cap)
+      room[stream] = left
+    end
+    if left <= 0 then
+      park_run(tag, tenant, queue, run_id, due)
+      parked_now = parked_now + 1
+      return nil
+    end
+  end
   if sid and not schedule_admit(sched_ctx, bkey, run_id, r or { cmsgpack.unpack(raw) }) then
     return nil
   end
@@ -130,11 +166,6 @@ local function dispatch(tenant, run_id, streams)
     dispatch_setup()
   end
   local sent_attempt, mark = attempt_text(attempt + 1)
-  local stream = streams[queue]
-  if stream == nil then
-    stream = tag .. 'q:' .. tenant .. ':' .. queue
-    streams[queue] = stream
-  end
   entry[2], entry[4], entry[6], entry[8] = run_id, task_id, tenant, queue
   entry[10], entry[12], entry[16] = sent_attempt, string.format('%d', due), payload
   local n = ENTRY_BASE
@@ -148,6 +179,9 @@ local function dispatch(tenant, run_id, streams)
     n = n + 2
   end
   rcall('XADD', stream, '*', unpack(entry, 1, n))
+  if cap > 0 then
+    room[stream] = room[stream] - 1
+  end
   local lag = now - due
   local b = lag_bucket(bounds, lag)
   lag_counts[b], lag_sum = lag_counts[b] + 1, lag_sum + lag
@@ -185,6 +219,9 @@ local function serve(tenant, n)
   end
   return #ids, sent
 end
+
+-- Parked pairs whose streams drained: their oldest runs go back to the near level first.
+local still_parked, released, parked_pairs = park_release(tag, cap_of, due_key, limit)
 
 local tenants = rcall('ZRANGE', due_key, '-inf', now, 'BYSCORE', 'LIMIT', 0, limit)
 
@@ -267,6 +304,10 @@ if consumed >= limit then
     backlog = backlog + rcall('ZCOUNT', tag .. 'near:' .. tenants[i], '-inf', now)
   end
 end
+if parked_now > 0 then  -- counted again only when this call parked runs
+  still_parked, parked_pairs = park_counts(tag)
+end
 local promoted_until = wheel_promoted_until(meta_key)
 return { dispatched, first_score(due_key), now, clock_back, first_score(tag .. 'wheel'),
-  promoted_until, consumed, counts, lag_counts or {}, backlog, lag_sum, held, lags }
+  promoted_until, consumed, counts, lag_counts or {}, backlog, lag_sum, held, lags,
+  still_parked, released, parked_pairs }

@@ -8,7 +8,8 @@
   tokens.
   Returns: {1}         placed (wheel_place: its level, the wheel index, the due index)
            {0, why}    nothing done: 'moved on' (no longer scheduled at that attempt),
-                       'held' (its schedule holds it back), 'in place', or 'out' (due
+                       'held' (its schedule holds it back), 'in place' (a parked run
+                       included, lib/park.lua), or 'out' (due
                        before promoted_until and in no level: it was sent, and only its
                        ready stream can tell; repair_retry is for that)
   Errors:  none.
@@ -35,6 +36,9 @@ end
 local near, far, held = audit_where(tag, run_id, r, bucket_ms)
 if held then
   return { 0, 'held' }
+end
+if rcall('ZSCORE', tag .. 'park:' .. r[R_TENANT] .. ':' .. r[R_QUEUE], run_id) then
+  return { 0, 'in place' }  -- parked: its stream is over its backlog cap (lib/park.lua)
 end
 local tenant, due = r[R_TENANT], r[R_DUE]
 local promoted = wheel_promoted_until(meta_key)

@@ -54,7 +54,7 @@ for i, report in ipairs(reports) do
     codes[i] = 0
   else
     if r[R_STATE] == ST_SCHEDULED then
-      wheel_remove(tag, run_id, r[R_TENANT], r[R_DUE], bucket_ms)
+      wheel_remove(tag, run_id, r[R_TENANT], r[R_DUE], bucket_ms, r[R_QUEUE])
     end
     r[R_STATE], r[R_UPDATED] = ST_SUCCEEDED, now
     record_save(bkey, run_id, r)

@@ -25,7 +25,7 @@ if refusal then
   return refusal
 end
 local now = clock_now_ms(now_override)
-wheel_remove(tag, run_id, tenant, r[R_DUE], bucket_ms)
+wheel_remove(tag, run_id, tenant, r[R_DUE], bucket_ms, r[R_QUEUE])
 r[R_STATE], r[R_UPDATED] = ST_CANCELLED, now
 local raw = record_save(body_key_, run_id, r)
 wheel_retain(tag, run_id, now, bucket_ms)

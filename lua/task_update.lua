@@ -37,7 +37,7 @@ elseif delay_ms ~= '' then
   due_ms = now + tonumber(delay_ms)
 end
 if due_ms ~= r[R_DUE] then
-  wheel_remove(tag, run_id, tenant, r[R_DUE], bucket_ms)
+  wheel_remove(tag, run_id, tenant, r[R_DUE], bucket_ms, r[R_QUEUE])
   wake = wheel_place(tag, meta_key, run_id, tenant, due_ms, bucket_ms)
   r[R_DUE] = due_ms
 end

@@ -61,6 +61,12 @@ class Settings:
     """A tenant's most queues in use at once (a queue with runs not finished or with a
     schedule), unless its own limit says otherwise. Each queue is a ready stream per
     shard, consumer groups and a reaper scan."""
+    tenant_max_backlog: int = 1_000_000
+    """Most undelivered entries in one ready stream (a tenant's queue in one shard), unless
+    the tenant's own max_backlog says otherwise (0: no cap). Past it the tick parks the
+    queue's due runs in the wheel instead of sending them. 1 M entries of 100-byte payloads
+    are about 250 MB of stream: far past any consumer that keeps up, yet a bound on what a
+    queue nobody reads can pile up; the check costs one XLEN per stream per tick call."""
     tenant_min_interval_s: float = 1.0
     """The shortest time between two fire times of a tenant's schedule, unless its own
     limit says otherwise; 1 s refuses nothing (no schedule fires more often)."""
@@ -233,6 +239,7 @@ class Settings:
             ("http_max_connections", 1),
             ("http_max_body_bytes", 1),
             ("storage_max_bytes", 0),
+            ("tenant_max_backlog", 0),
             ("audit_interval_ms", 0),
             ("audit_step_budget", 1),
             ("canary_interval_ms", 0),

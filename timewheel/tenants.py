@@ -75,6 +75,10 @@ class Limits:
     """Most queues in use at once (a queue with runs not finished or a schedule); 429."""
     min_interval_s: float | None = None
     """Shortest time between two fire times of a schedule; a closer one answers 422."""
+    max_backlog: int | None = None
+    """Most undelivered entries (not yet read by a consumer) in each of the tenant's ready
+    streams, one per (shard, queue); past it the tick parks the queue's due runs in the
+    wheel, never drops them (lua/lib/park.lua). 0: no cap; None: Settings.tenant_max_backlog."""
     shards: int | None = None
     """How many shards the tenant's new tasks and schedules spread over (1..Settings.shards;
     None: Settings.default_spread). Its tasks already made stay in theirs."""
@@ -197,6 +201,9 @@ class TenantStore:
         if self.rates is not None and limits.dispatch_rate:
             used = tenant.placement.used if tenant.placement is not None else ()
             await self.rates.put(tenant_id, limits.dispatch_rate, used)
+        if self.rates is not None and limits.max_backlog is not None:
+            used = tenant.placement.used if tenant.placement is not None else ()
+            await self.rates.put_cap(tenant_id, limits.max_backlog, used)
         self._tenants.pop(tenant_id, None)
         return tenant
 
@@ -232,8 +239,18 @@ class TenantStore:
         if self.rates is not None and ("dispatch_rate" in changes or "shards" in changes):
             used = tenant.placement.used if tenant.placement is not None else ()
             await self.rates.put(tenant_id, tenant.limits.dispatch_rate, used)
+        if self.rates is not None and ("max_backlog" in changes or "shards" in changes):
+            used = tenant.placement.used if tenant.placement is not None else ()
+            await self.rates.put_cap(tenant_id, tenant.limits.max_backlog, used)
         self._tenants.pop(tenant_id, None)
         return tenant
+
+    async def parked(self, tenant: Tenant) -> dict[str, int] | None:
+        """queue -> the tenant's runs parked over its backlog cap (None: no rates store)."""
+        if self.rates is None:
+            return None
+        used = tenant.placement.used if tenant.placement is not None else ()
+        return await self.rates.parked(tenant.id, used)
 
     async def get_tenant(self, tenant_id: str, *, cached: bool = False) -> Tenant:
         """A tenant. Raises NotFound."""

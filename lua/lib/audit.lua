@@ -20,7 +20,7 @@
 --   audit_where(tag, run_id, r, bucket_ms) -> near_score | nil, in_far, held   where a
 --       stored-as-scheduled run is: its near level score, whether its far bucket holds
 --       it, whether its schedule holds it back (overlap buffer_one).
---   audit_level(tag, run_id, r, promoted, bucket_ms) -> 'near' | 'far' | 'held' | false,
+--   audit_level(tag, run_id, r, promoted, bucket_ms) -> 'near' | 'far' | 'held' | 'parked' | false,
 --       key   the same, in as few lookups as a sound run needs (promoted: promoted_until),
 --       and the near level or far bucket holding it.
 --   audit_sent_attempt(tag, run_id, r, promoted, bucket_ms) -> attempt | nil   the attempt
@@ -29,7 +29,8 @@
 --       stream tells); nil for a run that is not out.
 --   audit_visibility_ms(r, default_ms) -> ms   the run's executor lease.
 --   audit_late_reason(ctx, tenant, level) -> reason   why a run of this level ('near' or
---       'far') is late: 'unowned' (no lease: no scheduler node holds the shard),
+--       'far', 'parked') is late: 'backlog' for a parked run (its stream over its cap),
+--       'unowned' (no lease: no scheduler node holds the shard),
 --       'rate_held' (dispatch_rate holds the tenant back: its due entry is in the future),
 --       'backlog' (more is due in the shard than a tick takes), else 'unknown' (a far
 --       run of an owned shard: the promoter has not moved it).
@@ -129,7 +130,8 @@ end
 
 -- Where a stored-as-scheduled run is, looking first where its due time says it should
 -- be (one lookup for a sound run): 'near', 'far', 'held' (out of the wheel, its schedule
--- holds it back), or false (in no level); and for 'near' and 'far' the key that holds it.
+-- holds it back), 'parked' (in its pair's park set, lib/park.lua: its stream is over its
+-- backlog cap), or false (in no level); and for 'near' and 'far' the key that holds it.
 -- A run in both levels reads as the one looked at first; the other level then holds a
 -- member no record accounts for, which audit_near or audit_far reads.
 local function audit_level(tag, run_id, r, promoted, bucket_ms)
@@ -149,6 +151,9 @@ local function audit_level(tag, run_id, r, promoted, bucket_ms)
   if r[R_SCHEDULE] ~= nil
       and redis.call('HGET', schedule_key(tag, r[R_SCHEDULE]), 'held') == run_id then
     return 'held'
+  end
+  if redis.call('ZSCORE', tag .. 'park:' .. r[R_TENANT] .. ':' .. r[R_QUEUE], run_id) then
+    return 'parked'
   end
   return false
 end
@@ -182,6 +187,9 @@ local function audit_ctx(tag, now, backlog)
 end
 
 local function audit_late_reason(ctx, tenant, level)
+  if level == 'parked' then
+    return 'backlog'  -- its stream is over the backlog cap (lib/park.lua)
+  end
   if ctx.lease == nil then
     ctx.lease = redis.call('EXISTS', ctx.tag .. 'lease') == 1
   end

@@ -73,6 +73,7 @@ end
 -- that bucket in several calls (more than promote_batch runs), already moved to the
 -- near level and perhaps sent, although promoted_until is still before it. The far
 -- bucket is the wheel index's latest bucket starting at or before the run's due time.
+-- A parked run (its stream over its backlog cap, lib/park.lua) is in its pair's park set.
 -- Every move that puts a run back (retry, release, replay, reschedule) places it in the
 -- wheel in the same call.
 local function record_sent(tag, run_id, r, promoted_until, near)
@@ -80,6 +81,10 @@ local function record_sent(tag, run_id, r, promoted_until, near)
     near = redis.call('ZSCORE', tag .. 'near:' .. r[R_TENANT], run_id)
   end
   if near then
+    return false
+  end
+  -- Parked (lib/park.lua): out of the near level, still in the wheel.
+  if redis.call('ZSCORE', tag .. 'park:' .. r[R_TENANT] .. ':' .. r[R_QUEUE], run_id) then
     return false
   end
   local due = r[R_DUE]

@@ -173,7 +173,7 @@ local function schedule_drop_pending(tag, sid, bucket_ms)
     local run_id, fire = members[i], tonumber(members[i + 1])
     local r, bkey = record_find(tag, run_id)
     if r and r[R_STATE] == ST_SCHEDULED and r[R_ATTEMPT] == 0 then
-      wheel_remove(tag, run_id, r[R_TENANT], r[R_DUE], bucket_ms)
+      wheel_remove(tag, run_id, r[R_TENANT], r[R_DUE], bucket_ms, r[R_QUEUE])
       record_delete(bkey, run_id)
       dropped = dropped + 1
       if earliest == nil or fire < earliest then

@@ -12,7 +12,8 @@
 --   wheel_place_near(tag, tenant, placed) -> wake   many runs of one tenant, each due
 --       before promoted_until, into the near level at once (placed: {due_ms, run_id, ...}),
 --       as wheel_place one by one would.
---   wheel_remove(tag, run_id, tenant, due_ms, bucket_ms)   take it out again.
+--   wheel_remove(tag, run_id, tenant, due_ms, bucket_ms, queue)   take it out again
+--       (queue: also out of its pair's park set, lib/park.lua).
 --   wheel_retain(tag, run_id, finished_ms, bucket_ms)   index a finished record for expiry;
 --       wheel_retain_many(tag, run_ids, finished_ms, bucket_ms) many at once.
 --   wheel_promoted_until(meta) -> ms   where the near level ends.
@@ -91,9 +92,12 @@ local function wheel_place_near(tag, tenant, placed)
 end
 
 -- Take a scheduled run out of whichever level holds it.
-local function wheel_remove(tag, run_id, tenant, due_ms, bucket_ms)
+local function wheel_remove(tag, run_id, tenant, due_ms, bucket_ms, queue)
   if redis.call('ZREM', tag .. 'near:' .. tenant, run_id) == 1 then
     return
+  end
+  if queue and redis.call('ZREM', tag .. 'park:' .. tenant .. ':' .. queue, run_id) == 1 then
+    return  -- parked (lib/park.lua); the tick drops the pair once its set is empty
   end
   local bucket = due_ms - (due_ms % bucket_ms)
   local wkey = tag .. 'w:' .. bucket

@@ -104,6 +104,7 @@ UNSET_LIMITS = dict.fromkeys(
         "max_queues",
         "min_interval_s",
         "shards",
+        "max_backlog",
     )
 )
 """A tenant's limits with none of its own set (each the deployment's default)."""

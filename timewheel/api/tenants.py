@@ -49,6 +49,14 @@ Interval = Annotated[
         description="shortest time between a schedule's fire times, s; closer: 422",
     ),
 ]
+Backlog = Annotated[
+    int,
+    Meta(
+        ge=0,
+        le=10**12,
+        description="most undelivered entries per ready stream; past it, runs wait (0: none)",
+    ),
+]
 Shards = Annotated[
     int,
     Meta(
@@ -69,6 +77,7 @@ class TenantLimits(Body):
     max_schedules: Maybe[Schedules] = UNSET
     max_queues: Maybe[Queues] = UNSET
     min_interval_s: Maybe[Interval] = UNSET
+    max_backlog: Maybe[Backlog] = UNSET
     shards: Maybe[Shards] = UNSET
 
 
@@ -82,6 +91,7 @@ class TenantLimitsPatch(Body):
     max_schedules: Maybe[Schedules | None] = UNSET
     max_queues: Maybe[Queues | None] = UNSET
     min_interval_s: Maybe[Interval | None] = UNSET
+    max_backlog: Maybe[Backlog | None] = UNSET
     shards: Maybe[Shards | None] = UNSET
 
 
@@ -114,6 +124,7 @@ TENANT_OUT: Schema = {
                 "max_schedules": {"type": ["integer", "null"]},
                 "max_queues": {"type": ["integer", "null"]},
                 "min_interval_s": {"type": ["number", "null"]},
+                "max_backlog": {"type": ["integer", "null"]},
                 "shards": {"type": ["integer", "null"]},
             },
             "description": "the tenant's own limits; null: the deployment's default",
@@ -128,6 +139,12 @@ TENANT_OUT: Schema = {
             "type": "array",
             "items": {"type": "integer"},
             "description": "every shard that may hold the tenant's tasks (read by workers)",
+        },
+        "parked": {
+            "type": "object",
+            "additionalProperties": {"type": "integer"},
+            "description": "GET only: queue -> runs due but parked in the wheel while the "
+            "queue's ready stream is over max_backlog (queues with none left out)",
         },
     },
 }
@@ -196,7 +213,11 @@ async def update_tenant(call: Call) -> Response:
 
 async def get_tenant(call: Call) -> Response:
     tenant = await call.store.get_tenant(_tenant_id(call))
-    return JSONResponse(tenant.to_json())
+    out = tenant.to_json()
+    parked = await call.store.parked(tenant)
+    if parked is not None:
+        out["parked"] = parked
+    return JSONResponse(out)
 
 
 async def issue_key(call: Call) -> Response:

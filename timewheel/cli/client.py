@@ -39,6 +39,12 @@ def _positive_int(text: str) -> int:
     return int(text)
 
 
+def _count(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number (0 or more)")
+    return int(text)
+
+
 _UNSET = object()
 """A tenant-update option not given (None, from 'none', clears the limit)."""
 
@@ -71,6 +77,7 @@ LIMIT_OPTIONS: tuple[tuple[str, Callable[[str], Any]], ...] = (
     ("--max-schedules", _positive_int),
     ("--max-queues", _positive_int),
     ("--min-interval-s", _positive_float),
+    ("--max-backlog", _count),
     ("--shards", _positive_int),
 )
 """A tenant's limits as options of `tenant create` and `tenant update`."""

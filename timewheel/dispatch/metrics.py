@@ -251,6 +251,13 @@ class SchedulerMetrics:
             ["shard"],
             registry=r,
         )
+        self.parked = Gauge(
+            "timewheel_parked_runs",
+            "Runs due but parked in the wheel: their ready stream is over its backlog cap, "
+            "at the shard's last tick.",
+            ["shard"],
+            registry=r,
+        )
         self.tick_seconds = Histogram(
             "timewheel_tick_duration_seconds",
             "Round trip of one tick call (a pass's pipeline divided by its shards).",
@@ -284,3 +291,4 @@ class SchedulerMetrics:
             self.tenant_lag.add(res)
         self.backlog.labels(str(res.shard)).set(res.backlog)
         self.rate_held.labels(str(res.shard)).set(sum(res.held.values()))
+        self.parked.labels(str(res.shard)).set(res.parked)

@@ -59,6 +59,13 @@ class TickResult:
     """Per tenant held back by its dispatch rate: its runs still due in this shard."""
     tenant_lag_ms: dict[str, int] = field(default_factory=dict)
     """Per tenant with runs dispatched: their lags added up (ms)."""
+    parked: int = 0
+    """Runs parked in the shard after the call: due, but their ready stream is over its
+    backlog cap (lua/lib/park.lua)."""
+    released: int = 0
+    """Parked runs this call put back into the near level (their stream drained)."""
+    parked_pairs: dict[tuple[str, str], int] = field(default_factory=dict)
+    """(tenant, queue) -> runs parked, after the call."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +108,7 @@ def _ticked(shard: int) -> Any:
     def decode(reply: list[Any]) -> TickResult:
         check(reply, action="tick", shard=shard)
         (dispatched, next_due, now, clock_back, next_bucket, promoted, consumed, per_tenant,
-         lag_counts, backlog, lag_sum, held, lags) = reply  # fmt: skip
+         lag_counts, backlog, lag_sum, held, lags, parked, released, pairs) = reply  # fmt: skip
         return TickResult(
             shard=shard,
             dispatched=int(dispatched),
@@ -117,6 +124,12 @@ def _ticked(shard: int) -> Any:
             lag_sum_ms=int(lag_sum),
             held=_tenant_counts(held),
             tenant_lag_ms=_tenant_counts(lags),
+            parked=int(parked),
+            released=int(released),
+            parked_pairs={
+                (pairs[i].decode(), pairs[i + 1].decode()): int(pairs[i + 2])
+                for i in range(0, len(pairs), 3)
+            },
         )
 
     return decode
@@ -178,6 +191,7 @@ class Dispatch:
                 s.misfire_ms,
                 s.bucket_ms,
                 _LAG_BOUNDS,
+                s.tenant_max_backlog,
             ],
             _ticked(shard),
         )

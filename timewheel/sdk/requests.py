@@ -214,6 +214,7 @@ class TenantLimits(TypedDict, total=False):
     max_schedules: int | None
     max_queues: int | None
     min_interval_s: float | None
+    max_backlog: int | None
     shards: int | None
 
 

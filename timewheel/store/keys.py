@@ -122,6 +122,20 @@ class Keys:
         lua/dispatch_tick.lua)."""
         return self.tag(shard) + "rates"
 
+    def caps(self, shard: int) -> str:
+        """HASH tenant -> its own max_backlog per ready stream (0: none), copied from its
+        limits (timewheel/dispatch/rates.py; read by lua/lib/park.lua)."""
+        return self.tag(shard) + "caps"
+
+    def parked(self, shard: int) -> str:
+        """HASH '<tenant>:<queue>' -> '': the pairs with runs parked (lua/lib/park.lua)."""
+        return self.tag(shard) + "parked"
+
+    def park(self, shard: int, tenant: str, queue: str) -> str:
+        """ZSET run_id -> due_ms: a (tenant, queue)'s runs parked while its ready stream is
+        over its backlog cap; their records say scheduled (lua/lib/park.lua)."""
+        return f"{self.tag(shard)}park:{tenant}:{queue}"
+
     def tokens(self, shard: int) -> str:
         """HASH tenant -> 'tokens:stamp_ms': the tick's token buckets (lua/lib/rate.lua)."""
         return self.tag(shard) + "tokens"

@@ -99,6 +99,7 @@ LIBS = (
     "retry",
     "lag",
     "rate",
+    "park",
     "delivery",
     "audit",
 )

@@ -209,8 +209,11 @@ class TaskOps:
         if task.tenant != tenant:
             raise TaskNotFound(task_id)
         if task.state == "scheduled":
-            # Only a run out of its near level and due past promoted_until needs its far
-            # bucket looked at: a second round trip, for future runs.
+            # Only a run out of its near level needs a second round trip: its far bucket
+            # (due past promoted_until: a future run) or its pair's park set (a run due
+            # but parked while its ready stream is over its backlog cap).
+            if score is None and task.due_ms < int(promoted or 0):
+                score = await self._parked_score(shard, task)
             far = score is None and task.due_ms >= int(promoted or 0)
             in_far = far and await self._in_far(shard, [task])
             if record.is_sent(task_id, task.due_ms, promoted, score, held, in_far):
@@ -221,6 +224,15 @@ class TaskOps:
         bucket_ms = self.store.settings.bucket_ms
         due = task.due_ms
         return self.store.keys.bucket(shard, due - due % bucket_ms), Keys.bucket_member(task.run_id)
+
+    async def _parked_score(self, shard: int, task: Task) -> Any:
+        """The run's score in its pair's park set (lua/lib/park.lua), or None."""
+        try:
+            return await self.store.client.zscore(
+                self.store.keys.park(shard, task.tenant, task.queue), task.run_id
+            )
+        except (RedisError, OSError) as exc:
+            raise RedisUnavailable(f"cannot read the park set: {exc}") from exc
 
     async def _in_far(self, shard: int, tasks: Sequence[Task]) -> bool:
         """Whether every one of `tasks` is in its far bucket (one round trip)."""
@@ -247,15 +259,17 @@ class TaskOps:
                 # '-' names no schedule: a one-shot run is never held.
                 pipe.hget(k.schedule(shard, t.schedule_id or "-"), "held")
                 pipe.hexists(*self._far_key(shard, t))
+                pipe.zscore(k.park(shard, t.tenant, t.queue), t.run_id)  # parked: waiting
             replies: list[Any] = await pipe.execute()
         except (RedisError, OSError) as exc:
             raise RedisUnavailable(f"cannot read the wheel: {exc}") from exc
         promoted = replies[0]
-        return {
-            t.run_id
-            for i, t in enumerate(waiting)
-            if record.is_sent(t.run_id, t.due_ms, promoted, *replies[1 + 3 * i : 4 + 3 * i])
-        }
+        out = set()
+        for i, t in enumerate(waiting):
+            near, held, in_far, parked = replies[1 + 4 * i : 5 + 4 * i]
+            if record.is_sent(t.run_id, t.due_ms, promoted, near or parked, held, in_far):
+                out.add(t.run_id)
+        return out
 
     def cancel_call(self, tenant: str, task_id: str, now_ms: int | None = None) -> Call[Task]:
         shard = self.store.locate(task_id)
