@@ -1,5 +1,5 @@
-"""Fixtures of the process tests: a real `timewheel api` process to talk to, and the keys
-the fuzz tests call it with."""
+"""Fixtures of the process tests: a real `timewheel api` process to talk to, the keys
+the fuzz tests call it with, and a local webhook receiver."""
 
 import secrets
 from collections.abc import Iterator
@@ -9,6 +9,7 @@ import pytest
 from timewheel.sdk.client import Client
 from timewheel.store.server import RedisServer
 from timewheel.testing.apiserver import ApiServer, start_api
+from timewheel.testing.webhooks import webhook_receiver
 
 
 @pytest.fixture(scope="module")
@@ -37,3 +38,10 @@ def fuzz_keys(api_server: ApiServer) -> dict[str, str]:
         for _ in range(3):
             tw.create_task(delay=600, payload={"n": 1})
     return {"admin": api_server.admin_key, "tenant": key, "id": tenant}
+
+
+@pytest.fixture
+def receiver() -> Iterator[tuple[str, list[str]]]:
+    """A local HTTP receiver for webhook executors: (its URL, the run ids posted to it)."""
+    with webhook_receiver() as target:
+        yield target

@@ -14,9 +14,8 @@ import asyncio
 import shutil
 import subprocess
 import sys
-import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,23 +30,10 @@ from timewheel.testing.apiserver import ApiServer, start_api
 from timewheel.testing.archive import archive_all
 from timewheel.testing.nodes import settings_env
 from timewheel.testing.redis_cluster import RedisClusterServers
-from timewheel.testing.webhooks import webhook_receiver
+from timewheel.testing.waiting import until
 
 CLI = [sys.executable, "-m", "timewheel.cli"]
 FINAL = ("succeeded", "dead", "cancelled")
-
-
-@pytest.fixture
-def receiver() -> Iterator[tuple[str, list[str]]]:
-    with webhook_receiver() as target:
-        yield target
-
-
-async def until(what: str, check: Callable[[], Awaitable[bool]], timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not await check():
-        assert time.monotonic() < deadline, f"timed out: {what}"
-        await asyncio.sleep(0.1)
 
 
 @dataclass

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -23,22 +23,9 @@ from timewheel.tasks.model import NewTask
 from timewheel.testing.nodes import settings_env
 from timewheel.testing.redis_cluster import RedisClusterServers
 from timewheel.testing.settings import test_settings
-from timewheel.testing.webhooks import webhook_receiver
+from timewheel.testing.waiting import until
 
 CLI = [sys.executable, "-m", "timewheel.cli"]
-
-
-@pytest.fixture
-def receiver() -> Iterator[tuple[str, list[str]]]:
-    with webhook_receiver() as target:
-        yield target
-
-
-async def until(what: str, check: Callable[[], Awaitable[bool]], timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not await check():
-        assert time.monotonic() < deadline, f"timed out: {what}"
-        await asyncio.sleep(0.1)
 
 
 class Executors:
