@@ -9,7 +9,8 @@
   ARGV[7..] four per run: stream (its index among KEYS[2..]: 1 = KEYS[2]), stream entry
   id, run_id, attempt
   Derived keys (same tag): t:<xy>, meta and near:<tenant> (record_sent; one ZMSCORE per
-  tenant), x:<bucket>, expiry,
+  tenant), parked and park:<tenant>:<queue> (only while the shard has parked runs),
+  x:<bucket>, expiry,
   use:<tenant> (a counted run stops counting: q:<queue>, bytes; lib/usage.lua),
   and for a schedule's run s:<sid>
   (no longer in flight) and the run it held back, put back in the wheel (meta, near, due).

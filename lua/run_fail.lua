@@ -10,7 +10,8 @@
   id, run_id, attempt, error text, permanent ('1': dead-letter now, no retry), delay_ms
   before the retry ('' = the retry policy's backoff; an executor's Retry-After, say),
   rand in [0, 1) for jitter
-  Derived keys (same tag): t:<xy>, meta, near:<tenant>, due, w:<bucket>, wheel,
+  Derived keys (same tag): t:<xy>, meta, near:<tenant>, parked, park:<tenant>:<queue>,
+  due, w:<bucket>, wheel,
   dead:<tenant>, use:<tenant>, and for a schedule's run s:<sid> (lib/retry.lua).
   Returns: one reply per run, in ARGV's order:
            {1, due_ms}     back in the wheel for attempt + 1 at due_ms

@@ -11,7 +11,9 @@
 --       in argv). Every entry is acknowledged in `group` and deleted first, one XACK and
 --       one XDEL per stream, whatever becomes of its run.
 --   delivery_loader(tag, reports, promoted_until) -> load   the records of a batch's runs,
---       read up front with one ZMSCORE per tenant for the sent test (record_sent);
+--       read up front with one ZMSCORE per tenant for the sent test (record_sent),
+--       and one HLEN of the shard's parked pairs, so a shard with none (the usual case)
+--       pays no park lookup per run;
 --       load(i) -> r, bkey is report i's record as record_load gives it. A run met a
 --       second time in the call, and a schedule's run (whose end may put another run of
 --       the schedule back in the wheel), is read again when its turn comes.
@@ -69,13 +71,18 @@ local function delivery_loader(tag, reports, promoted_until)
       end
     end
   end
+  -- false: no parked run in the shard, so record_sent need not look per run.
+  local parked = nil
+  if redis.call('HLEN', tag .. 'parked') == 0 then
+    parked = false
+  end
   local seen = {}
   return function(i)
     local run_id, r, bkey = reports[i][3], records[i], keys[i]
     if seen[run_id] or (r and r[R_SCHEDULE] ~= nil) then
       r = record_load(bkey, run_id, promoted_until)
     elseif r and r[R_STATE] == ST_SCHEDULED and
-        record_sent(tag, run_id, r, promoted_until, near[run_id] == true) then
+        record_sent(tag, run_id, r, promoted_until, near[run_id] == true, parked) then
       r[R_STATE], r[R_ATTEMPT], r.sent = ST_DISPATCHED, r[R_ATTEMPT] + 1, true
     end
     seen[run_id] = true

@@ -9,10 +9,11 @@
 --   record_read(bkey, run_id) -> r, raw   the record as stored (nil if none).
 --   record_load(bkey, run_id, promoted_until) -> r, raw   the record as it is: a sent
 --       run says dispatched (promoted_until optional, as for record_sent).
---   record_sent(tag, run_id, r, promoted_until, near)   whether a stored-as-scheduled
---       run has been sent (promoted_until optional: a call handling many runs reads it
---       once; near optional: whether the run is in its tenant's near level, when the
---       caller looked it up already, else nil).
+--   record_sent(tag, run_id, r, promoted_until, near, parked)   whether a
+--       stored-as-scheduled run has been sent (promoted_until optional: a call handling
+--       many runs reads it once; near optional: whether the run is in its tenant's near
+--       level, when the caller looked it up already, else nil; parked optional: false
+--       when the caller knows the shard has no parked run, else nil).
 --   record_find(tag, run_id) -> r, bkey   record_load from the run id alone.
 --   record_owned(bkey, run_id, tenant) -> r   record_load, nil if another tenant's.
 --   record_scheduled(bkey, run_id, tenant) -> r | nil, refusal   a tenant's run that is
@@ -76,7 +77,7 @@ end
 -- A parked run (its stream over its backlog cap, lib/park.lua) is in its pair's park set.
 -- Every move that puts a run back (retry, release, replay, reschedule) places it in the
 -- wheel in the same call.
-local function record_sent(tag, run_id, r, promoted_until, near)
+local function record_sent(tag, run_id, r, promoted_until, near, parked)
   if near == nil then
     near = redis.call('ZSCORE', tag .. 'near:' .. r[R_TENANT], run_id)
   end
@@ -84,7 +85,8 @@ local function record_sent(tag, run_id, r, promoted_until, near)
     return false
   end
   -- Parked (lib/park.lua): out of the near level, still in the wheel.
-  if redis.call('ZSCORE', tag .. 'park:' .. r[R_TENANT] .. ':' .. r[R_QUEUE], run_id) then
+  if parked ~= false and
+      redis.call('ZSCORE', tag .. 'park:' .. r[R_TENANT] .. ':' .. r[R_QUEUE], run_id) then
     return false
   end
   local due = r[R_DUE]
