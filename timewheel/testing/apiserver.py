@@ -36,6 +36,9 @@ def start_api(
     which `settings` then holds, or others (a skewed clock, timewheel/testing/skew.py).
     """
     extra = dict(env or {})
+    # As test_settings: no continuous audit (nor canaries, whose runs would sit in the
+    # streams a test counts) unless the test asks for it.
+    extra.setdefault("TIMEWHEEL_AUDIT_INTERVAL_MS", "0")
     base = test_settings(redis_url)
     settings = Settings.from_env(
         extra,
