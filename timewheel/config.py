@@ -103,7 +103,9 @@ class Settings:
     """How often a scheduler node looks for expired executor leases in each shard."""
     min_replicas_ack: int = -1
     """Replicas that must confirm a create, cancel or reschedule (WAIT) before it is
-    answered; -1: 1 when the primaries have replicas, else 0."""
+    answered. -1: one, on a primary that has a replica attached; a primary with none (a
+    replica promoted after its primary died) answers alone on its AOF, counted in
+    timewheel_unreplicated_writes_total. 1 or more: always that many (503 without)."""
     replica_wait_ms: int = 1_000
     """How long a write waits for those replicas before it answers 503."""
     misfire_ms: int = 10_000

@@ -6,6 +6,7 @@ run is delivered once, and no executor is restarted."""
 from __future__ import annotations
 
 import asyncio
+import secrets
 import subprocess
 import sys
 import time
@@ -72,11 +73,18 @@ class Executors:
 
 
 async def _create(engine: Engine, queue: str, n: int, delay_ms: int = 0) -> list[str]:
-    """Create n runs; a create refused while the server is down is tried again."""
+    """Create n runs; a create refused while the server is down is tried again with the
+    same idempotency keys (a refused write may have run: it is found, not doubled)."""
+    batch = secrets.token_hex(4)
     for _ in range(200):
         try:
             made = await engine.tasks.create_many(
-                [NewTask(tenant="a", queue=queue, delay_ms=delay_ms) for _ in range(n)]
+                [
+                    NewTask(
+                        tenant="a", queue=queue, delay_ms=delay_ms, idempotency_key=f"{batch}-{i}"
+                    )
+                    for i in range(n)
+                ]
             )
             return [m.task_id for m in made]
         except RedisUnavailable:
@@ -103,8 +111,12 @@ async def _exercise(
     await until("runs across and after the outage", lambda: delivered(across + after), 90)
     ex.alive()
     everything = before + across + after
-    for task_id in everything:
-        assert (await engine.tasks.get("a", task_id)).state == "succeeded", task_id
+
+    async def all_succeeded() -> bool:  # the ack follows the handler's end by a few ms
+        states = [(await engine.tasks.get("a", task_id)).state for task_id in everything]
+        return set(states) == {"succeeded"}
+
+    await until("every run succeeded", all_succeeded, 30)
     jobs, posted = ex.handled(), Counter(hooks)
     assert set(jobs.values()) == {1} and set(posted.values()) == {1}  # each run once
     assert set(jobs) | set(posted) == set(everything)

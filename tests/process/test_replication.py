@@ -128,7 +128,11 @@ async def test_no_acknowledged_create_is_lost_when_a_cluster_primary_dies(
                         failed += 1  # not acknowledged; a client would retry with its key
                     step += 1
                     await asyncio.sleep(0.1)
-                assert failed >= 1, "the kill went unnoticed"
+                # The promoted replica, alone, took the victim's writes (answered on
+                # its own AOF); the creates sent while no node served them failed.
+                assert engine.store.replica_wait.unreplicated >= 1, (
+                    f"no write reached the promoted replica ({failed} creates failed)"
+                )
                 deadline = time.monotonic() + 30
                 while True:
                     sent = {d.run_id for d in await all_deliveries(engine)}
@@ -142,3 +146,87 @@ async def test_no_acknowledged_create_is_lost_when_a_cluster_primary_dies(
                 assert (await engine.tasks.get(tenant, task_id)).state == "dispatched"
         finally:
             await engine.close()
+
+
+async def test_after_a_failover_a_primary_without_replica_answers_alone_unless_strict(
+    tmp_path: Path,
+) -> None:
+    """Auto (-1): the promoted replica has no replica of its own, so its writes are
+    answered on its own AOF (counted) rather than refused until replication is mended;
+    strict (1): they are refused (ReplicasBehind, a 503) until a replica attaches."""
+    cluster = RedisClusterServers(
+        tmp_path / "cluster",
+        replicas_per_primary=1,
+        extra_config={"cluster-node-timeout": "1000"},
+    )
+    with cluster:
+        auto = await Engine.connect(test_settings(cluster.url, shards=8, replica_wait_ms=300))
+        strict = await Engine.connect(
+            test_settings(
+                cluster.url,
+                prefix=auto.settings.prefix,
+                shards=8,
+                replica_wait_ms=300,
+                min_replicas_ack=1,
+            )
+        )
+        try:
+            assert auto.store.replicas_ack == strict.store.replicas_ack == 1
+
+            def batch(step: int) -> list[NewTask]:  # every shard, each a new key
+                return [
+                    NewTask(tenant=f"t{i}", delay_ms=60_000, idempotency_key=f"{step}-{i}")
+                    for i in range(40)
+                ]
+
+            assert len({r.task_id[:3] for r in await auto.tasks.create_many(batch(0))}) == 8
+            assert auto.store.replica_wait.unreplicated == 0
+            victim = next(s for s in cluster.servers[:3] if s.url != cluster.url)
+            victim.kill()
+            alive = sync_client(cluster.servers[0])
+            deadline = time.monotonic() + 30
+            while not (
+                "cluster_state:ok" in alive.execute_command("CLUSTER", "INFO").decode()  # type: ignore[no-untyped-call]
+                and any(
+                    sync_client(s).info("replication")["role"] == "master"
+                    for s in cluster.servers[3:]
+                )
+            ):
+                assert time.monotonic() < deadline, "no replica took over"
+                await asyncio.sleep(0.2)
+
+            async def create(engine: Engine, step: int) -> list[str]:
+                for _ in range(100):  # while the clients learn the new topology
+                    try:
+                        return [r.task_id for r in await engine.tasks.create_many(batch(step))]
+                    except ReplicasBehind:
+                        raise
+                    except RedisUnavailable:
+                        await asyncio.sleep(0.1)
+                raise AssertionError("creates never went through")
+
+            made = await create(auto, 1)
+            assert len(made) == 40
+            assert auto.store.replica_wait.unreplicated >= 1  # the promoted primary's writes
+            for task_id, new in zip(made, batch(1), strict=True):
+                assert (await auto.tasks.get(new.tenant, task_id)).state == "scheduled"
+            # Known to be alone now: the next writes send it no WAIT (none waits for
+            # replica_wait_ms), and each is counted.
+            promoted = next(
+                sync_client(s)
+                for s in cluster.servers[3:]
+                if sync_client(s).info("replication")["role"] == "master"
+            )
+
+            def waits() -> int:
+                return int(promoted.info("commandstats").get("cmdstat_wait", {}).get("calls", 0))
+
+            waits_before, counted = waits(), auto.store.replica_wait.unreplicated
+            assert len(await create(auto, 2)) == 40
+            assert waits() == waits_before
+            assert auto.store.replica_wait.unreplicated > counted
+            with pytest.raises(ReplicasBehind):
+                await create(strict, 3)
+        finally:
+            await strict.close()
+            await auto.close()

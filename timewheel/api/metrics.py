@@ -43,6 +43,15 @@ class ApiMetrics:
             registry=self.registry,
         )
 
+        self.unreplicated_writes = Counter(
+            "timewheel_unreplicated_writes",
+            "Writes answered without a replica's confirmation: their primary had no "
+            "replica attached (min_replicas_ack -1, after a failover or a replica's death).",
+            registry=self.registry,
+        )
+        self.unreplicated_seen = 0
+        """The store's count of such writes at the last scrape."""
+
         self._children: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}
         """The labelled series of each (method, route, status) seen, looked up once."""
 

@@ -36,6 +36,9 @@ async def metrics(call: Call) -> Response:
     api_metrics.clock_offset.set(store.clock.skew_ms / 1000.0)
     ratio = await store.guard.used_ratio()  # a node that cannot be read counts as unknown
     api_metrics.storage_used.set(math.nan if ratio is None else ratio)
+    unreplicated = store.replica_wait.unreplicated
+    api_metrics.unreplicated_writes.inc(max(0, unreplicated - api_metrics.unreplicated_seen))
+    api_metrics.unreplicated_seen = unreplicated
     return Response(generate_latest(api_metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 

@@ -77,17 +77,18 @@ async def check_durability(client: RedisClient, settings: Settings) -> None:
             )
 
 
-async def fewest_replicas(client: RedisClient) -> int:
-    """The fewest connected replicas of any primary (INFO replication)."""
-    counts = []
+async def replica_counts(client: RedisClient) -> dict[str, int]:
+    """The connected replicas of each primary (INFO replication), by node name ('' for
+    the one standalone server)."""
+    counts: dict[str, int] = {}
     try:
         for node in _primaries(client):
             target = {} if node is None else {"target_nodes": node}
             info = await client.info("replication", **target)
-            counts.append(int(info.get("connected_slaves", 0)))
+            counts["" if node is None else str(node.name)] = int(info.get("connected_slaves", 0))
     except (RedisError, OSError) as exc:
         raise RedisUnavailable(f"cannot read INFO replication: {exc}") from exc
-    return min(counts, default=0)
+    return counts
 
 
 async def stored_layout(client: RedisClient, prefix: str) -> dict[str, int] | None:

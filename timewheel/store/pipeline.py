@@ -18,9 +18,10 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ConnectionError, ResponseError
 
-from timewheel.errors import RedisUnavailable, ReplicasBehind
+from timewheel.errors import RedisUnavailable
 from timewheel.store.connection import SOCKET_TIMEOUT_S, UNREACHABLE, RedisClient, torn_connection
 from timewheel.store.library import Script, ScriptArg, is_missing_function
+from timewheel.store.replication import ReplicaWait
 
 try:  # the end-of-buffer marker of redis-py's hiredis parser (redis-py >= 5)
     from redis._parsers.hiredis import NOT_ENOUGH_DATA
@@ -125,7 +126,7 @@ async def run_pipeline(
     client: RedisClient,
     calls: Sequence[ScriptCall],
     *,
-    replicas: tuple[int, int] | None = None,
+    replicas: ReplicaWait | None = None,
     lane: Lane | None = None,
 ) -> list[Any]:
     """Run script calls in one pipeline; calls refused because the server lacks the
@@ -134,8 +135,9 @@ async def run_pipeline(
     Pipelines are not transactions: a call refused that way did not run, so resending
     it alone is safe; every other call ran exactly once.
 
-    replicas: (n, timeout_ms): after the calls, WAIT on each connection that carried
-    them (WAIT counts the writes of its own connection) until n replicas have them.
+    replicas: after the calls, WAIT on each connection that carried them (WAIT counts
+    the writes of its own connection) until the replicas wanted have them
+    (store/replication.py: a primary known to have none gets no WAIT in auto mode).
     lane: on standalone Redis, the connections to send on (else one from the pool).
 
     Raises:
@@ -162,7 +164,7 @@ async def run_pipeline(
             else:
                 replies[i] = result
         if replicas is not None and len(missing) < len(todo):
-            _check_acks(acks, replicas)  # something was written: it must be replicated
+            await replicas.settle(client, acks)  # something was written: it must be replicated
         if not missing:
             break
         libraries = {calls[i].script.library.name: calls[i].script.library for i in missing}
@@ -175,49 +177,48 @@ async def run_pipeline(
 async def _send(
     calls: list[ScriptCall],
     client: RedisClient,
-    replicas: tuple[int, int] | None,
+    replicas: ReplicaWait | None,
     lane: Lane | None,
-) -> tuple[list[Any], list[Any]]:
-    """One pipeline of `calls` (then a WAIT per connection used, when `replicas` is given):
-    (the calls' replies, the WAIT replies)."""
-    if lane is not None and not isinstance(client, RedisCluster):
-        packed = [pack_call(c.script, c.keys, c.args) for c in calls]
-        if replicas is not None:
-            wait_command: tuple[Any, ...] = ("WAIT", *replicas)
-            packed.append(hiredis.pack_command(wait_command))
-        results = await lane.exchange(b"".join(packed), len(packed))
-        return results[: len(calls)], results[len(calls) :]
-    commands = [("FCALL", c.script.function, len(c.keys), *c.keys, *c.args) for c in calls]
+) -> tuple[list[Any], dict[str, tuple[Any, Any]]]:
+    """One pipeline of `calls` (then a WAIT per primary used, when `replicas` wants one):
+    (the calls' replies, primary name -> (its node, its WAIT's reply))."""
     if not isinstance(client, RedisCluster):
-        wait = [("WAIT", *replicas)] if replicas is not None else []
-        results = await _send_packed(client, commands + wait)
-        return results[: len(commands)], results[len(commands) :]
+        wait = replicas is not None and await replicas.waits_on(client, "", None)
+        if lane is not None:
+            packed = [pack_call(c.script, c.keys, c.args) for c in calls]
+            if wait:
+                assert replicas is not None
+                packed.append(hiredis.pack_command(replicas.command))
+            results = await lane.exchange(b"".join(packed), len(packed))
+        else:
+            commands = [("FCALL", c.script.function, len(c.keys), *c.keys, *c.args) for c in calls]
+            if wait:
+                assert replicas is not None
+                commands.append(replicas.command)
+            results = await _send_packed(client, commands)
+        acks = {"": (None, results[len(calls)])} if wait else {}
+        return results[: len(calls)], acks
     pipe = client.pipeline(transaction=False)
-    for command in commands:
-        pipe.execute_command(*command)
-    nodes = {}
+    for c in calls:
+        pipe.execute_command("FCALL", c.script.function, len(c.keys), *c.keys, *c.args)
+    waits: list[tuple[str, Any]] = []
     if replicas is not None:
         # Per node, the cluster pipeline sends that node's commands in order on one
         # connection: a WAIT routed there follows its writes.
+        nodes = {}
         for call in calls:
             node = client.get_node_from_key(call.keys[0])
             if node is None:
                 raise RedisUnavailable(f"no node serves {call.keys[0]!r}")
             nodes[node.name] = node
-        for node in nodes.values():
-            pipe.execute_command("WAIT", *replicas, target_nodes=node)
+        for name, node in nodes.items():
+            if await replicas.waits_on(client, name, node):
+                pipe.execute_command(*replicas.command, target_nodes=node)
+                waits.append((name, node))
     results = await pipe.execute(raise_on_error=False)
-    return results[: len(commands)], results[len(commands) :]
-
-
-def _check_acks(acks: list[Any], replicas: tuple[int, int]) -> None:
-    for ack in acks:
-        if isinstance(ack, Exception) or int(ack) < replicas[0]:
-            raise ReplicasBehind(
-                f"the write reached {ack} of the {replicas[0]} replica(s) it needs within "
-                f"{replicas[1]} ms; it may still be lost in a failover: retry it with the "
-                "same idempotency key"
-            )
+    replies = results[len(calls) :]
+    acks = {name: (node, ack) for (name, node), ack in zip(waits, replies, strict=True)}
+    return results[: len(calls)], acks
 
 
 async def _send_packed(client: aioredis.Redis, commands: list[tuple[Any, ...]]) -> list[Any]:

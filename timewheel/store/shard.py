@@ -27,6 +27,7 @@ from timewheel.store.keys import Keys
 from timewheel.store.library import Script, ScriptArg, Scripts
 from timewheel.store.pipeline import Lane, run_pipeline
 from timewheel.store.placement import Placements
+from timewheel.store.replication import ReplicaWait
 
 R = TypeVar("R")
 
@@ -55,8 +56,13 @@ class Store:
         self.keys = Keys(settings.prefix)
         self.scripts = scripts or Scripts()
         self.is_cluster = isinstance(client, RedisCluster)
-        self.replicas_ack = max(settings.min_replicas_ack, 0)
-        """Replicas a client's write waits for (WAIT) before it is answered."""
+        self.replica_wait = ReplicaWait(
+            max(settings.min_replicas_ack, 0),
+            settings.replica_wait_ms,
+            strict=settings.min_replicas_ack >= 0,
+        )
+        """Replicas a client's write waits for (WAIT) before it is answered
+        (store/replication.py)."""
         self.clock = RedisClock()
         """This process's estimate of Redis's time (store/clock.py)."""
         self.guard = StorageGuard(client, settings, self.keys)
@@ -72,8 +78,13 @@ class Store:
         store = cls(await connect(settings.redis_url), settings)
         try:
             await deployment.ensure_layout(store.client, settings)
-            if settings.min_replicas_ack < 0:
-                store.replicas_ack = min(1, await deployment.fewest_replicas(store.client))
+            if settings.min_replicas_ack < 0:  # auto: one where a primary has replicas
+                counts = await deployment.replica_counts(store.client)
+                wait = store.replica_wait
+                wait.count = min(1, max(counts.values(), default=0))
+                for name, count in counts.items():
+                    if count == 0 and wait.count:
+                        wait.mark_solo(name)
         except BaseException:
             await store.close()
             raise
@@ -141,14 +152,14 @@ class Store:
 
     async def write(self, call: Call[R]) -> R:
         """A client's change (create, cancel, reschedule): one call, answered only once
-        `replicas_ack` replicas have it.
+        `replicas_ack` replicas have it (store/replication.py).
 
         On standalone Redis it is packed and sent on the store's lane (a create costs its
         caller less than half the CPU it did through redis-py: bench/engine_create.py);
         errors are the same either way: a script's 'timewheel:' error reply is raised as
         is, a failed connection is RedisUnavailable.
         """
-        if self.lane is None and not self.replicas_ack:
+        if self.lane is None and not self.replica_wait.count:
             return await self.run(call)
         try:
             [reply] = await run_pipeline(
@@ -176,5 +187,10 @@ class Store:
         replies = await run_pipeline(self.client, calls, lane=self.lane)
         return [c.decode(r) for c, r in zip(calls, replies, strict=True)]
 
-    def _replicas(self) -> tuple[int, int] | None:
-        return (self.replicas_ack, self.settings.replica_wait_ms) if self.replicas_ack else None
+    @property
+    def replicas_ack(self) -> int:
+        """Replicas a write waits for where its primary has them (0: no wait)."""
+        return self.replica_wait.count
+
+    def _replicas(self) -> ReplicaWait | None:
+        return self.replica_wait if self.replica_wait.count else None
