@@ -159,6 +159,45 @@ async def test_listing_get_and_cancel_across_old_and_new_shards(
     assert sorted(scheduled) == sorted(set(every) - {old[0], new[0], newest[0]})
 
 
+async def test_an_idempotency_key_finds_its_task_across_a_spread_change(
+    engine: Engine, api: httpx.AsyncClient
+) -> None:
+    """A create retried after the tenant's spread changed finds the task its first try
+    made in the old shard (200, same id), single and in a batch, and does not double it."""
+    name, who = await tenant(api, shards=1)
+    keys = [f"k{i}" for i in range(12)]
+    first = {}
+    for key in keys:
+        resp = await api.post(
+            "/v1/tasks", json={"delay": 600}, headers={**who, "Idempotency-Key": key}
+        )
+        assert resp.status_code == 201, resp.text
+        first[key] = resp.json()["id"]
+    body = await spread(api, name, 8)
+    assert len(body["shards_used"]) == 8
+    # Under the new placement most of these keys name other shards than their tasks'.
+    again = {}
+    for key in keys[:6]:
+        resp = await api.post(
+            "/v1/tasks", json={"delay": 600}, headers={**who, "Idempotency-Key": key}
+        )
+        assert resp.status_code == 200, resp.text
+        again[key] = resp.json()["id"]
+    batch = {"tasks": [{"delay": 600, "idempotency_key": key} for key in keys[6:]]}
+    resp = await api.post("/v1/tasks/batch", json=batch, headers=who)
+    assert resp.status_code == 200, resp.text
+    for key, item in zip(keys[6:], resp.json()["results"], strict=True):
+        assert item["status"] == 200, item
+        again[key] = item["task"]["id"]
+    assert again == first
+    assert sorted(await listed(api, who)) == sorted(first.values())
+    # A new key goes to the new placement as before.
+    fresh = await api.post(
+        "/v1/tasks", json={"delay": 600}, headers={**who, "Idempotency-Key": "new"}
+    )
+    assert fresh.status_code == 201
+
+
 async def test_max_pending_counts_runs_in_every_shard_used(
     engine: Engine, api: httpx.AsyncClient
 ) -> None:

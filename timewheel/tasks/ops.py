@@ -161,6 +161,10 @@ class TaskOps:
         """
         await self.store.placements.load(new.tenant)
         prepared = self.prepare(new)
+        if prepared.new.idempotency_key is not None:
+            found = await self._made_elsewhere([prepared])
+            if found:
+                return found[0]
         shard = prepared.shard
         await self.store.guard.check([shard])
         k = self.store.keys
@@ -178,12 +182,54 @@ class TaskOps:
         StorageFull if any of their shards' nodes is near its ceiling: none is written."""
         await self.store.placements.load_many(new.tenant for new in batch)
         prepared = [self.prepare(new) for new in batch]
-        await self.store.guard.check(p.shard for p in prepared)
-        calls = self.create_calls(prepared)
+        found = await self._made_elsewhere(prepared)
+        todo = [p for i, p in enumerate(prepared) if i not in found]
+        await self.store.guard.check(p.shard for p in todo)
+        calls = self.create_calls(todo)
         by_request = {
             id(p): result for chunk in await self.store.write_many(calls) for p, result in chunk
         }
-        return [by_request[id(p)] for p in prepared]
+        return [found[i] if i in found else by_request[id(p)] for i, p in enumerate(prepared)]
+
+    async def _made_elsewhere(self, prepared: Sequence[PreparedCreate]) -> dict[int, CreateResult]:
+        """The creates whose idempotency key already made its task in another shard the
+        tenant has used (index in `prepared` -> that task, as a duplicate's answer).
+
+        A key's task id names a shard of the tenant's placement, so a retry sent after
+        the placement changed would compute another id: the shards the tenant used
+        before are looked at first: one round trip for a tenant that has used more than
+        one shard; for the others (the default spread) this costs nothing.
+        """
+        k = self.store.keys
+        looks: list[tuple[int, str, int]] = []  # (index, task id, shard)
+        for i, p in enumerate(prepared):
+            if p.new.idempotency_key is None:
+                continue
+            placement = self.store.placements.get(p.new.tenant)
+            if len(placement.used) == 1:
+                continue
+            token = p.task_id[3:]
+            for shard in placement.used:
+                if shard != p.shard:
+                    looks.append((i, ids.make_task_id(shard, token), shard))
+        if not looks:
+            return {}
+        try:
+            pipe = self.store.client.pipeline(transaction=False)
+            for _, task_id, shard in looks:
+                pipe.hexists(k.body(shard, task_id), k.body_field(task_id))
+            exists = await pipe.execute()
+        except (RedisError, OSError) as exc:
+            raise RedisUnavailable(f"idempotency lookup failed: {exc}") from exc
+        found: dict[int, CreateResult] = {}
+        for (i, task_id, _), there in zip(looks, exists, strict=True):
+            if there and i not in found:
+                tenant = prepared[i].new.tenant
+                try:
+                    found[i] = CreateResult(await self.get(tenant, task_id), False)
+                except TaskNotFound:  # gone since (expired), or another tenant's
+                    continue
+        return found
 
     # -- read, cancel, update ----------------------------------------------------------
 
