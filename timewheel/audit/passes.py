@@ -164,6 +164,8 @@ class AuditPass:
             for finding in await self.archive.check(self.archive_limit):
                 await self._found(finding)
             self.examined.archived += self.archive.checked - before
+            for finding in await self.archive.behind():
+                await self._found(finding)
         if self.counts is not None:
             for finding in await self.counts.check():
                 await self._found(finding)
