@@ -14,6 +14,10 @@ logs the first LOG_FINDINGS findings with their ids, and stores the pass, bounde
 JSON in audit_latest (lua/audit_publish.lua, fenced by the epoch), which GET /v1/audit
 answers from. It also runs the canaries (canary.py), whose findings join every pass and
 whose metrics change as canaries come back or miss their deadline.
+
+With an archive (postgres_dsn) a pass ends with the archive's open runs against Redis,
+the archiver's progress (archived.py) and each tenant's open runs as the archive and
+Redis count them (counts.py, count_mismatch), the last in steps of the same budget.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from redis.exceptions import RedisError
 from timewheel.audit.archived import ArchiveCheck, archiver_views
 from timewheel.audit.calls import AuditOptions
 from timewheel.audit.canary import Canaries
+from timewheel.audit.counts import CountCheck
 from timewheel.audit.findings import Finding, Kind, Tally
 from timewheel.audit.passes import AuditPass, AuditReport
 from timewheel.dispatch.leases import DutyLease
@@ -135,6 +140,12 @@ class ContinuousAuditor:
             if self.settings.postgres_dsn
             else None
         )
+        self.counts = (
+            CountCheck(store, self.settings.postgres_dsn, window_ms=None, tolerant=True)
+            if self.settings.postgres_dsn
+            else None
+        )
+        """Each tenant's open runs, archive against Redis, at the end of every pass."""
         self.current: AuditPass | None = None
         self.passes = 0
         self._next_pass = 0.0
@@ -186,6 +197,7 @@ class ContinuousAuditor:
                 live=self.live(),
                 archive=self.archive,
                 archive_limit=ARCHIVE_RUNS,
+                counts=self.counts,
             )
             self._pass_started = now
             self._next_pass = now + self.settings.audit_interval_ms / 1000.0
