@@ -129,6 +129,10 @@ class Settings:
     """Records, entries, members and key names one step of the continuous auditor reads
     at most; steps are spread over the interval, so its share of Redis and of the node's
     CPU is about (what a pass reads) / interval."""
+    audit_archiver_behind_ms: int = 60_000
+    """With an archive (postgres_dsn): how old the first event-log entry the archiver has
+    not archived may be before the continuous auditor reports the shard archiver_behind
+    (the default of `timewheel audit --archive --archiver-behind-s`)."""
     canary_interval_ms: int = 10_000
     """How often the auditing node sends one canary task through each shard (0: none)."""
     canary_deadline_ms: int = 5_000
@@ -244,6 +248,7 @@ class Settings:
             ("tenant_max_backlog", 0),
             ("audit_interval_ms", 0),
             ("audit_step_budget", 1),
+            ("audit_archiver_behind_ms", 0),
             ("canary_interval_ms", 0),
             ("canary_deadline_ms", 1),
         ):

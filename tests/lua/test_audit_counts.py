@@ -120,3 +120,53 @@ async def test_the_window_counts_only_runs_created_in_it(engine: Engine, postgre
     unused = await all_deliveries(engine)
     assert unused  # beta's dispatched run is still in its stream
     assert await tick_all(engine, NOW + 5000) == 0
+
+
+async def test_a_pass_in_small_steps_finds_the_count_mismatch_one_check_finds(
+    engine: Engine, postgres_dsn: str
+) -> None:
+    ids = await _history(engine)
+    await archive_all(engine, postgres_dsn)
+    lost = ids["scheduled"]
+    k, c = engine.keys, engine.client
+    shard = engine.store.locate(lost)
+    assert await c.hdel(k.body(shard, lost), k.body_field(lost)) == 1
+    await c.hincrby(k.usage(shard, "acme"), "q:default", -1)
+    # as the continuous auditor runs it: no window counts, a few things per step
+    check = CountCheck(engine.store, postgres_dsn, window_ms=None)
+    audit = AuditPass(engine.store, AuditOptions(now_ms=NOW + 2000), counts=check)
+    steps = 1
+    while not await audit.step(3):
+        steps += 1
+    assert steps > engine.settings.shards  # the event logs alone take a step per shard
+    report = audit.report()
+    counted = [(f.kind, f.tenant) for f in report.findings if f.kind is Kind.COUNT_MISMATCH]
+    assert counted == [(Kind.COUNT_MISMATCH, "acme")]
+    assert set(report.counts) == {Kind.COUNT_MISMATCH, Kind.RECORD_MISSING}  # its wheel member
+    acme = _row(report.tenants, "acme")
+    assert (acme.open_archive, acme.open_redis) == (3, 2) and acme.states == {}
+    assert _row(report.tenants, "beta").balanced
+
+
+async def test_a_count_that_moves_between_its_read_and_the_event_logs_is_not_judged(
+    engine: Engine, postgres_dsn: str
+) -> None:
+    await _history(engine)
+    await archive_all(engine, postgres_dsn)
+    check = CountCheck(engine.store, postgres_dsn, window_ms=None)
+    check.begin()
+    while check.phase != "events":
+        assert (await check.step(1))[1] == []
+    # acme's usage was read; it creates before the event logs are read
+    await engine.tasks.create(NewTask("acme", run_at_ms=NOW + 3_600_000))
+    findings: list[object] = []
+    while not check.done:
+        findings += (await check.step(1))[1]
+    assert findings == []
+    acme = _row(check.tenants, "acme")
+    assert not acme.settled and (acme.open_archive, acme.open_redis) == (3, 3)
+    # the next check, with the create archived, sees both sides at 4
+    await archive_all(engine, postgres_dsn)
+    assert await check.check() == []
+    acme = _row(check.tenants, "acme")
+    assert acme.settled and acme.open_archive == acme.open_redis == 4

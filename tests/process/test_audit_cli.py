@@ -84,7 +84,13 @@ def test_repair_then_a_clean_audit_exits_0(redis_standalone: RedisServer) -> Non
 def test_usage_errors_exit_2(redis_standalone: RedisServer) -> None:
     url = redis_standalone.url
     prefix, _ = _broken(url, repairable_only=True)
-    for args in (["--shard", "99"], ["--overdue-s", "-1"], ["--limit", "-1"], ["--nope"]):
+    for args in (
+        ["--shard", "99"],
+        ["--overdue-s", "-1"],
+        ["--limit", "-1"],
+        ["--nope"],
+        ["--archiver-behind-s", "5"],  # without --archive
+    ):
         run = _audit(url, prefix, *args)
         assert run.returncode == 2, (args, run.stdout, run.stderr)
     nobody = _audit(url, "no-such-prefix")

@@ -347,13 +347,18 @@ async def test_a_clean_deployment_under_a_herd_and_steady_load_reports_nothing(
         await engine.close()
 
 
-async def test_a_stopped_archiver_shows_as_lag_and_an_old_commit(
+async def test_a_stopped_archiver_shows_as_lag_an_old_commit_and_archiver_behind(
     standalone_url: str, postgres_dsn: str, tmp_path: Path
 ) -> None:
     from timewheel.archive import pg
     from timewheel.archive.archiver import Archiver
 
-    settings = audit_settings(standalone_url, postgres_dsn=postgres_dsn, canary_interval_ms=0)
+    settings = audit_settings(
+        standalone_url,
+        postgres_dsn=postgres_dsn,
+        canary_interval_ms=0,
+        audit_archiver_behind_ms=1000,
+    )
     engine = await Engine.connect(settings)
     port = find_free_port()
     node = NodeProcess(settings, "arch", tmp_path, ttl_ms=2000, metrics_port=port)
@@ -407,6 +412,97 @@ async def test_a_stopped_archiver_shows_as_lag_and_an_old_commit(
 
         got = await wait_for(behind, 2 * INTERVAL_MS / 1000 + 5, "the archiver's lag")
         assert got["timewheel_archiver_last_commit_timestamp_seconds"] <= stopped_s
+
+        # the events not archived pass audit_archiver_behind_ms: a finding, in the metric,
+        # the log and GET /v1/audit
+        async def flagged() -> dict[str, float] | None:
+            got = scrape(port)
+            return got if got['timewheel_audit_findings{kind="archiver_behind"}'] >= 1 else None
+
+        await wait_for(flagged, 2 * INTERVAL_MS / 1000 + 5, "archiver_behind")
+        assert '"kind": "archiver_behind"' in node.log()
+        async with api(engine) as client:
+            doc = await latest(client, settings.admin_key)
+            assert doc is not None and doc["counts"].get("archiver_behind", 0) >= 1
+            behind_ids = [f for f in doc["findings"] if f["kind"] == "archiver_behind"]
+            assert behind_ids and all(f["tenant"] == "" for f in behind_ids)
+        # the archiver starts again and catches up: the finding clears
+        stop = asyncio.Event()
+        archiver = Archiver(engine.store, archiver.conn)
+        await archiver.start()
+        task = asyncio.create_task(archiver.run(stop, poll_interval_s=0.05))
+
+        async def cleared() -> bool:
+            got = scrape(port)
+            return (
+                got['timewheel_audit_findings{kind="archiver_behind"}'] == 0
+                and got.get("timewheel_archiver_lag_entries") == 0
+            )
+
+        await wait_for(cleared, 2 * INTERVAL_MS / 1000 + 10, "archiver_behind cleared")
+    finally:
+        stop.set()
+        await asyncio.gather(task, return_exceptions=True)
+        await archiver.conn.close()
+        node.stop()
+        await engine.close()
+
+
+async def test_a_run_lost_with_its_count_is_a_count_mismatch_of_the_continuous_auditor(
+    standalone_url: str, postgres_dsn: str, tmp_path: Path
+) -> None:
+    from timewheel.archive import pg
+    from timewheel.archive.archiver import Archiver
+
+    settings = audit_settings(standalone_url, postgres_dsn=postgres_dsn, canary_interval_ms=0)
+    engine = await Engine.connect(settings)
+    port = find_free_port()
+    node = NodeProcess(settings, "counts", tmp_path, ttl_ms=2000, metrics_port=port)
+    conn = await pg.connect(postgres_dsn)
+    stop = asyncio.Event()
+    archiver = Archiver(engine.store, conn)
+    await archiver.start()
+    task = asyncio.create_task(archiver.run(stop, poll_interval_s=0.05))
+    try:
+        node.wait_started()
+        far = int(time.time() * 1000) + 600_000
+        made = await engine.tasks.create_many(
+            [NewTask(f"count-{i % 3}", run_at_ms=far + i) for i in range(30)]
+        )
+        created_ms = int(time.time() * 1000)
+        async with api(engine) as client:
+            # a clean deployment, every event archived: no count_mismatch
+            async def clean_pass() -> dict[str, Any] | None:
+                doc = await latest(client, settings.admin_key)
+                if doc is None or doc["finished_at"] <= ms_to_rfc3339(created_ms + 500):
+                    return None
+                return doc if scrape(port).get("timewheel_archiver_lag_entries") == 0 else None
+
+            doc = await wait_for(clean_pass, 2 * INTERVAL_MS / 1000 + 10, "a pass, archived")
+            assert doc["counts"] == {}, doc["findings"][:5]
+            assert scrape(port)['timewheel_audit_findings{kind="count_mismatch"}'] == 0
+            # Redis loses a run with its count, behind the scheduler's back: its record,
+            # its wheel member and its tenant's usage count; the archive still holds it
+            lost = made[0]
+            shard = engine.store.locate(lost.task_id)
+            k, c = engine.keys, engine.client
+            tenant = "count-0"
+            bucket = far - far % settings.bucket_ms
+            assert await c.hdel(k.body(shard, lost.task_id), k.body_field(lost.task_id)) == 1
+            assert await c.hdel(k.bucket(shard, bucket), k.bucket_member(lost.task_id)) == 1
+            await c.hincrby(k.usage(shard, tenant), "q:default", -1)
+
+            async def mismatch() -> dict[str, Any] | None:
+                doc = await latest(client, settings.admin_key)
+                return doc if (doc or {}).get("counts", {}).get("count_mismatch") else None
+
+            doc = await wait_for(mismatch, 2 * INTERVAL_MS / 1000 + 5, "count_mismatch")
+            [found] = [f for f in doc["findings"] if f["kind"] == "count_mismatch"]
+            assert found["tenant"] == tenant and found["shard"] == shard
+            assert "the archive holds 10" in found["detail"] and "Redis counts 9" in found["detail"]
+            assert doc["tenants"][tenant]["count_mismatch"] == 1
+            assert scrape(port)['timewheel_audit_findings{kind="count_mismatch"}'] == 1
+            assert '"kind": "count_mismatch"' in node.log()
     finally:
         stop.set()
         await asyncio.gather(task, return_exceptions=True)

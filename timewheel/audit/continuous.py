@@ -14,6 +14,10 @@ logs the first LOG_FINDINGS findings with their ids, and stores the pass, bounde
 JSON in audit_latest (lua/audit_publish.lua, fenced by the epoch), which GET /v1/audit
 answers from. It also runs the canaries (canary.py), whose findings join every pass and
 whose metrics change as canaries come back or miss their deadline.
+
+With an archive (postgres_dsn) a pass ends with the archive's open runs against Redis,
+the archiver's progress (archived.py) and each tenant's open runs as the archive and
+Redis count them (counts.py, count_mismatch), the last in steps of the same budget.
 """
 
 from __future__ import annotations
@@ -29,9 +33,10 @@ from typing import Any
 import structlog
 from redis.exceptions import RedisError
 
-from timewheel.audit.archived import ArchiveCheck
+from timewheel.audit.archived import ArchiveCheck, archiver_views
 from timewheel.audit.calls import AuditOptions
 from timewheel.audit.canary import Canaries
+from timewheel.audit.counts import CountCheck
 from timewheel.audit.findings import Finding, Kind, Tally
 from timewheel.audit.passes import AuditPass, AuditReport
 from timewheel.dispatch.leases import DutyLease
@@ -39,7 +44,7 @@ from timewheel.dispatch.metrics import INTERNAL_TENANT, AuditorMetrics, top_tena
 from timewheel.errors import LeaseLost, RedisUnavailable, TimewheelError
 from timewheel.store.library import check
 from timewheel.store.shard import Call, Store
-from timewheel.types import ms_to_rfc3339, text
+from timewheel.types import ms_to_rfc3339
 
 log = structlog.get_logger("timewheel.auditor")
 
@@ -56,8 +61,6 @@ LOG_FINDINGS = 20
 ARCHIVE_RUNS = 5000
 """Open runs of the archive a pass checks against Redis (archived.py), each pass going on
 where the last stopped."""
-ARCHIVE_COUNT = 10_000
-"""Event-log entries audit_archive counts one by one per shard (lua/audit_archive.lua)."""
 PACE_SHARE = 0.75
 """The share of the interval a pass's steps are spread over."""
 MIN_PAUSE_S, MAX_PAUSE_S = 0.002, 1.0
@@ -70,11 +73,6 @@ that has just started takes its shards, catches up on what is due and does what 
 starts with it first."""
 CANARY_POLL_S = 0.05
 """How often the canary streams are read while canaries are out."""
-
-
-def _archive_view(reply: list[Any]) -> tuple[str, int | None, int]:
-    mark, at = text(reply[0]), text(reply[1])
-    return mark, int(at) if at else None, int(reply[2])
 
 
 def _published(reply: list[Any]) -> bool:
@@ -133,10 +131,21 @@ class ContinuousAuditor:
         self.epoch: int | None = None
         self.canaries: Canaries | None = None
         self.archive = (
-            ArchiveCheck(store, self.settings.postgres_dsn, tolerant=True)
+            ArchiveCheck(
+                store,
+                self.settings.postgres_dsn,
+                tolerant=True,
+                behind_ms=self.settings.audit_archiver_behind_ms,
+            )
             if self.settings.postgres_dsn
             else None
         )
+        self.counts = (
+            CountCheck(store, self.settings.postgres_dsn, window_ms=None, tolerant=True)
+            if self.settings.postgres_dsn
+            else None
+        )
+        """Each tenant's open runs, archive against Redis, at the end of every pass."""
         self.current: AuditPass | None = None
         self.passes = 0
         self._next_pass = 0.0
@@ -188,6 +197,7 @@ class ContinuousAuditor:
                 live=self.live(),
                 archive=self.archive,
                 archive_limit=ARCHIVE_RUNS,
+                counts=self.counts,
             )
             self._pass_started = now
             self._next_pass = now + self.settings.audit_interval_ms / 1000.0
@@ -225,14 +235,13 @@ class ContinuousAuditor:
         await self._publish(report, audit, extra)
 
     async def _measure(self, audit: AuditPass) -> None:
-        """Archiver lag and last commit, dead letters per tenant."""
-        k, s = self.store.keys, self.store.scripts
-        calls = [
-            Call(s.audit_archive, [k.meta(shard), k.events(shard)], [ARCHIVE_COUNT], _archive_view)
-            for shard in range(self.settings.shards)
-        ]
+        """Archiver lag and last commit (the pass's archiver_behind check read them, with
+        an archive), dead letters per tenant."""
         try:
-            views = await self.store.run_many(calls)
+            fresh = self.archive is not None and self.archive.behind_ms is not None
+            views = self.archive.views if fresh and self.archive else []
+            if not views:
+                views = await archiver_views(self.store)
             dead_names = audit.discovery.dead
             pipe = self.store.client.pipeline(transaction=False)
             for name in dead_names:
@@ -241,10 +250,10 @@ class ContinuousAuditor:
         except (RedisError, OSError, TimewheelError) as exc:
             log.warning("audit_measure_failed", error=str(exc))
             return
-        marked = [v for v in views if v[0]]
+        marked = [v for v in views if v.mark]
         if marked:
-            self.metrics.archiver_lag = sum(v[2] for v in marked)
-            times = [v[1] for v in marked if v[1] is not None]
+            self.metrics.archiver_lag = sum(v.behind for v in marked)
+            times = [v.at_ms for v in marked if v.at_ms is not None]
             self.metrics.archiver_commit_s = max(times) / 1000.0 if times else None
         dead: Counter[str] = Counter()
         for name, n in zip(dead_names, lengths, strict=True):

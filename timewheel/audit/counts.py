@@ -19,6 +19,12 @@ hashes, then every event-log entry after each shard's checkpoint. A tenant named
 of those entries has events the archive does not hold yet, or changed while it was read:
 it is reported as unsettled and not judged. A shard with more than UNARCHIVED_READ such
 entries (an archiver far behind) leaves every tenant of it unsettled.
+
+Incremental: `step(budget)` reads about `budget` things (tenants' usage hashes, event-log
+entries) per call after the one PostgreSQL snapshot, so the continuous auditor runs the
+check within its step budget; `check()` goes to the end. Reading the usage hashes over
+many steps keeps it exact: every usage change writes an event in the same call, and the
+event logs are read after the last usage hash.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
+import structlog
 from redis.exceptions import RedisError
 
 from timewheel.archive import pg
@@ -37,6 +44,8 @@ from timewheel.audit.findings import Finding, Kind
 from timewheel.dispatch.metrics import INTERNAL_TENANT
 from timewheel.errors import PostgresUnavailable, RedisUnavailable
 from timewheel.store.shard import Store
+
+log = structlog.get_logger("timewheel.audit")
 
 STATES = ("scheduled", "dispatched", "succeeded", "dead", "cancelled", "skipped", "purged")
 """The states the archive records a run in (timewheel/archive/events.py, STATE_AFTER)."""
@@ -89,43 +98,108 @@ class TenantCounts:
         }
 
 
+PHASES = ("archive", "tenants", "usage", "events", "judge", "done")
+"""A check's phases, in order."""
+
+
 @dataclass(slots=True)
 class CountCheck:
-    """Per-tenant counts of the archive against Redis's (one `check` per audit pass)."""
+    """Per-tenant counts of the archive against Redis's (one check per audit pass: `begin`,
+    then `step` until `done`, or `check`)."""
 
     store: Store
     dsn: str
-    window_ms: int = 3_600_000
+    window_ms: int | None = 3_600_000
+    """None: no counts by state over a window (the continuous auditor judges the open
+    runs only, and spares PostgreSQL the query)."""
+    tolerant: bool = False
+    """An archive that cannot be read is logged and the check finds nothing this time
+    (the continuous auditor), instead of raising."""
     tenants: list[TenantCounts] = field(default_factory=list)
     """The last check's counts, by tenant name."""
+    phase: str = "done"
+    _now_ms: int = 0
+    _window: Counter[tuple[str, str]] = field(default_factory=Counter)
+    _open_archive: dict[str, int] = field(default_factory=dict)
+    _checkpoints: dict[int, tuple[int, int]] = field(default_factory=dict)
+    _names: list[str] = field(default_factory=list)
+    _shards: dict[str, list[int]] = field(default_factory=dict)
+    _open_redis: Counter[str] = field(default_factory=Counter)
+    _at: int = 0
+    """The next tenant (usage phase) or shard (events phase)."""
+    _after: str = ""
+    """The events phase: the last entry read in the current shard ('' : its checkpoint)."""
+    _read: int = 0
+    """Entries read in the current shard."""
+    _moved: dict[int, set[str] | None] = field(default_factory=dict)
+
+    @property
+    def done(self) -> bool:
+        return self.phase == "done"
+
+    def begin(self, now_ms: int | None = None) -> None:
+        """Start a check (the next `step` reads the archive)."""
+        self._now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+        self.phase = "archive"
+        self._window, self._open_archive, self._checkpoints = Counter(), {}, {}
+        self._names, self._shards, self._open_redis, self._moved = [], {}, Counter(), {}
+        self._at, self._after, self._read = 0, "", 0
 
     async def check(self, now_ms: int | None = None) -> list[Finding]:
-        """Read both sides; the findings (count_mismatch for each settled tenant whose
-        open runs differ)."""
-        now = int(time.time() * 1000) if now_ms is None else now_ms
-        window, open_archive, checkpoints = await self._archive(now - self.window_ms)
-        tenants = sorted(
-            ({t for t, _ in window} | set(open_archive) | set(await self._registered()))
-            - {INTERNAL_TENANT}
-        )
-        shards = {t: await self.store.tenant_shards(t) for t in tenants}
-        open_redis = await self._usage(shards)
-        moved = await self._unarchived(checkpoints)
+        """Read both sides at once; the findings (count_mismatch for each settled tenant
+        whose open runs differ)."""
+        self.begin(now_ms)
+        findings: list[Finding] = []
+        while not self.done:
+            findings += (await self.step(1 << 30))[1]
+        return findings
+
+    async def step(self, budget: int) -> tuple[int, list[Finding]]:
+        """About `budget` things read; (things read, the findings once the check ends)."""
+        if self.phase == "archive":
+            try:
+                since = None if self.window_ms is None else self._now_ms - self.window_ms
+                self._window, self._open_archive, self._checkpoints = await self._archive(since)
+            except PostgresUnavailable as exc:
+                if not self.tolerant:
+                    raise
+                log.warning("audit_counts_unreadable", error=str(exc))
+                self.phase = "done"
+                return 1, []
+            self.phase = "tenants"
+            return 1 + len(self._open_archive) + len(self._window), []
+        if self.phase == "tenants":
+            registered = await self._registered()
+            names = {t for t, _ in self._window} | set(self._open_archive) | set(registered)
+            self._names = sorted(names - {INTERNAL_TENANT})
+            self.phase = "usage"
+            return max(1, len(registered)), []
+        if self.phase == "usage":
+            return await self._usage_step(budget), []
+        if self.phase == "events":
+            return await self._events_step(budget), []
+        if self.phase == "judge":
+            return 1, self._judge()
+        return 0, []
+
+    def _judge(self) -> list[Finding]:
         out: list[TenantCounts] = []
-        for tenant in tenants:
+        for tenant in self._names:
             row = TenantCounts(tenant)
-            for (t, state), n in window.items():
+            for (t, state), n in self._window.items():
                 if t == tenant:
                     row.states[state] = n
-            row.open_archive = open_archive.get(tenant, 0)
-            row.open_redis = open_redis.get(tenant, 0)
-            row.settled = all(_quiet(moved, shard, tenant) for shard in shards[tenant])
+            row.open_archive = self._open_archive.get(tenant, 0)
+            row.open_redis = self._open_redis.get(tenant, 0)
+            row.settled = all(_quiet(self._moved, s, tenant) for s in self._shards[tenant])
             out.append(row)
         self.tenants = out
+        self.phase = "done"
+        self._moved, self._window = {}, Counter()
         return [
             Finding(
                 Kind.COUNT_MISMATCH,
-                shards[row.tenant][0],
+                self._shards[row.tenant][0],
                 row.tenant,
                 "",
                 f"the archive holds {row.open_archive} counted runs not finished, "
@@ -136,13 +210,15 @@ class CountCheck:
         ]
 
     async def _archive(
-        self, since_ms: int
+        self, since_ms: int | None
     ) -> tuple[Counter[tuple[str, str]], dict[str, int], dict[int, tuple[int, int]]]:
         try:
             async with pg.connection(self.dsn) as conn:
                 await conn.set_isolation_level(psycopg.IsolationLevel.REPEATABLE_READ)
                 async with conn.transaction():
-                    window = await (await conn.execute(_WINDOW, (since_ms,))).fetchall()
+                    window: list[tuple[Any, ...]] = []
+                    if since_ms is not None:
+                        window = await (await conn.execute(_WINDOW, (since_ms,))).fetchall()
                     opened = await (await conn.execute(_OPEN)).fetchall()
                     marks = await (await conn.execute(_CHECKPOINTS)).fetchall()
         except psycopg.Error as exc:
@@ -163,47 +239,60 @@ class CountCheck:
             raise RedisUnavailable(f"reading the tenants: {exc}") from exc
         return [n.decode() if isinstance(n, bytes) else str(n) for n in names]
 
-    async def _usage(self, shards: dict[str, list[int]]) -> dict[str, int]:
-        pairs = [(t, s) for t, ss in shards.items() for s in ss]
+    async def _usage_step(self, budget: int) -> int:
+        """The usage hashes of the next tenants, about `budget` hashes."""
+        chunk: list[tuple[str, int]] = []
+        while self._at < len(self._names) and len(chunk) < budget:
+            tenant = self._names[self._at]
+            self._at += 1
+            self._shards[tenant] = shards = await self.store.tenant_shards(tenant)
+            chunk += [(tenant, shard) for shard in shards]
+        if self._at >= len(self._names):
+            self.phase, self._at = "events", 0
         try:
             pipe = self.store.client.pipeline(transaction=False)
-            for tenant, shard in pairs:
+            for tenant, shard in chunk:
                 pipe.hgetall(self.store.keys.usage(shard, tenant))
-            hashes: list[Any] = await pipe.execute() if pairs else []
+            hashes: list[Any] = await pipe.execute() if chunk else []
         except (RedisError, OSError) as exc:
             raise RedisUnavailable(f"reading usage counts: {exc}") from exc
-        out: Counter[str] = Counter()
-        for (tenant, _), raw in zip(pairs, hashes, strict=True):
-            out[tenant] += open_runs(raw or {})
-        return dict(out)
+        for (tenant, _), raw in zip(chunk, hashes, strict=True):
+            self._open_redis[tenant] += open_runs(raw or {})
+        return max(1, len(chunk))
 
-    async def _unarchived(
-        self, checkpoints: dict[int, tuple[int, int]]
-    ) -> dict[int, set[str] | None]:
-        """shard -> the tenants its entries after the checkpoint name (None: too many to
-        read), for each shard with such entries."""
-        client, keys = self.store.client, self.store.keys
-        out: dict[int, set[str] | None] = {}
+    async def _events_step(self, budget: int) -> int:
+        """The event-log entries after the checkpoint of the current shard, up to
+        `budget` of them: the tenants they name (None past UNARCHIVED_READ)."""
+        shard = self._at
+        if shard >= self.store.settings.shards:
+            self.phase = "judge"
+            return 0
+        if not self._after:
+            mark = self._checkpoints.get(shard)
+            self._after = "-" if mark is None else f"({mark[0]}-{mark[1]}"
+        count = max(1, min(budget, UNARCHIVED_READ - self._read))
         try:
-            for shard in range(self.store.settings.shards):
-                mark = checkpoints.get(shard)
-                start = "-" if mark is None else f"({mark[0]}-{mark[1]}"
-                entries: Any = await client.xrange(
-                    keys.events(shard), min=start, max="+", count=UNARCHIVED_READ
-                )
-                if not entries:
-                    continue
-                if len(entries) >= UNARCHIVED_READ:
-                    out[shard] = None
-                    continue
-                out[shard] = {
+            entries: Any = await self.store.client.xrange(
+                self.store.keys.events(shard), min=self._after, max="+", count=count
+            )
+        except (RedisError, OSError) as exc:
+            raise RedisUnavailable(f"reading the event log: {exc}") from exc
+        self._read += len(entries)
+        if entries:
+            named = self._moved.setdefault(shard, set())
+            if named is not None:
+                named.update(
                     str(row[6] or "")
                     for entry_id, fields in entries
                     for row in event_rows(shard, entry_id, fields)
-                }
-        except (RedisError, OSError) as exc:
-            raise RedisUnavailable(f"reading the event log: {exc}") from exc
-        return out
+                )
+            last = entries[-1][0]
+            self._after = "(" + (last.decode() if isinstance(last, bytes) else str(last))
+        if self._read >= UNARCHIVED_READ:
+            self._moved[shard] = None
+        if len(entries) < count or self._read >= UNARCHIVED_READ:
+            self._at, self._after, self._read = shard + 1, "", 0
+        return max(1, len(entries))
 
 
 def _quiet(moved: dict[int, set[str] | None], shard: int, tenant: str) -> bool:

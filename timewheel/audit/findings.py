@@ -41,6 +41,7 @@ class Kind(StrEnum):
     ARCHIVE_RUN_LOST = "archive_run_lost"
     USAGE_MISMATCH = "usage_mismatch"
     COUNT_MISMATCH = "count_mismatch"
+    ARCHIVER_BEHIND = "archiver_behind"
 
 
 FOUND_IN_PYTHON = frozenset(
@@ -52,10 +53,12 @@ FOUND_IN_PYTHON = frozenset(
         Kind.ARCHIVE_RUN_LOST,
         Kind.USAGE_MISMATCH,
         Kind.COUNT_MISMATCH,
+        Kind.ARCHIVER_BEHIND,
     }
 )
 """The kinds Python finds (from audit_shard's view, the canaries, the event log against
-the records: events.py, the archive against Redis: archived.py); the Lua audit
+the records: events.py, the archive against Redis and the archiver's checkpoints:
+archived.py); the Lua audit
 operations find every other kind."""
 
 SUMMARY: dict[Kind, str] = {
@@ -83,6 +86,7 @@ SUMMARY: dict[Kind, str] = {
     Kind.ARCHIVE_RUN_LOST: "a run the archive holds open that Redis has no record of (--archive)",
     Kind.USAGE_MISMATCH: "a tenant's count of runs not finished its records do not give (--events)",
     Kind.COUNT_MISMATCH: "a tenant's open runs: Redis's count is not the archive's (--counts)",
+    Kind.ARCHIVER_BEHIND: "a shard's events not archived for longer than the threshold (--archive)",
 }
 """One line per kind, for the report."""
 

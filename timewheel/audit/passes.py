@@ -93,6 +93,8 @@ class AuditPass:
         self.archive_limit = archive_limit
         self.counts = counts
         """Per-tenant counts, archive against Redis, once the shards are done."""
+        self._archived = False
+        """Whether the archive's step after the shards was taken (_tail)."""
         self._waiting = deque(self.shards)
         self._current: ShardAudit | None = None
         self._started = time.monotonic()
@@ -124,9 +126,8 @@ class AuditPass:
         while budget > 0 and not self.done:
             if self._current is None:
                 if not self._waiting:
-                    await self._check_archive()
-                    self._end()
-                    break
+                    budget -= await self._tail(budget)
+                    continue
                 self._current = self._audit(self._waiting.popleft())
             budget -= await self._current.step(budget)
             if self._current.done:
@@ -152,21 +153,37 @@ class AuditPass:
                 self._finished(audit)
 
         await asyncio.gather(*(worker() for _ in range(max(1, parallel))))
-        await self._check_archive()
-        self._end()
+        while not self.done:
+            await self._tail(1 << 30)
         return self.report()
 
-    async def _check_archive(self) -> None:
-        if self._seconds is not None:
-            return
-        if self.archive is not None:
-            before = self.archive.checked
-            for finding in await self.archive.check(self.archive_limit):
+    async def _tail(self, budget: int) -> int:
+        """The checks after the shards, a step at a time: the archive's open runs and the
+        archiver's checkpoints (one step), then the counts per tenant (steps of about
+        `budget`); the pass ends after them. Returns what the step read."""
+        if self.done:
+            return 0
+        if not self._archived:
+            self._archived = True
+            read = 0
+            if self.archive is not None:
+                before = self.archive.checked
+                for finding in await self.archive.check(self.archive_limit):
+                    await self._found(finding)
+                self.examined.archived += self.archive.checked - before
+                for finding in await self.archive.behind():
+                    await self._found(finding)
+                read = self.archive.checked - before + self.store.settings.shards
+            if self.counts is not None:
+                self.counts.begin()
+            return max(1, read)
+        if self.counts is not None and not self.counts.done:
+            read, findings = await self.counts.step(budget)
+            for finding in findings:
                 await self._found(finding)
-            self.examined.archived += self.archive.checked - before
-        if self.counts is not None:
-            for finding in await self.counts.check():
-                await self._found(finding)
+            return max(1, read)
+        self._end()
+        return 0
 
     def _end(self) -> None:
         if self._seconds is None:

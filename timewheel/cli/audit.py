@@ -30,6 +30,30 @@ def _seconds_ms(value: float, flag: str) -> int:
     return round(value * 1000)
 
 
+def _archive_checks(
+    args: argparse.Namespace, store: Store
+) -> tuple[ArchiveCheck | None, CountCheck | None]:
+    """The checks against the archive the flags ask for (--archive, --counts)."""
+    settings = store.settings
+    for flag, wanted in (("--archive", args.archive), ("--counts", args.counts)):
+        if wanted and not settings.postgres_dsn:
+            raise ConfigError(f"{flag} needs the archive: set TIMEWHEEL_POSTGRES_DSN")
+    if args.archiver_behind_s is not None and not args.archive:
+        raise ConfigError("--archiver-behind-s needs --archive")
+    archive = counts = None
+    if args.archive:
+        behind_ms = (
+            settings.audit_archiver_behind_ms
+            if args.archiver_behind_s is None
+            else _seconds_ms(args.archiver_behind_s, "--archiver-behind-s")
+        )
+        archive = ArchiveCheck(store, settings.postgres_dsn, behind_ms=behind_ms)
+    if args.counts:
+        window_ms = _seconds_ms(args.window_s, "--window-s")
+        counts = CountCheck(store, settings.postgres_dsn, window_ms=window_ms)
+    return archive, counts
+
+
 async def run_audit(args: argparse.Namespace) -> int:
     """Run one pass as the flags say; the exit status."""
     options = AuditOptions(
@@ -59,15 +83,7 @@ async def run_audit(args: argparse.Namespace) -> int:
                 last = settings.shards - 1
                 raise ConfigError(f"--shard {shard}: the deployment has shards 0..{last}")
         store = Store(client, settings)
-        archive = counts = None
-        for flag, wanted in (("--archive", args.archive), ("--counts", args.counts)):
-            if wanted and not settings.postgres_dsn:
-                raise ConfigError(f"{flag} needs the archive: set TIMEWHEEL_POSTGRES_DSN")
-        if args.archive:
-            archive = ArchiveCheck(store, settings.postgres_dsn)
-        if args.counts:
-            window_ms = _seconds_ms(args.window_s, "--window-s")
-            counts = CountCheck(store, settings.postgres_dsn, window_ms=window_ms)
+        archive, counts = _archive_checks(args, store)
         audit = AuditPass(
             store,
             options,

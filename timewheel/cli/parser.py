@@ -155,7 +155,15 @@ def add_audit(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--archive",
         action="store_true",
         help="also check that every run the archive (TIMEWHEEL_POSTGRES_DSN) holds as "
-        "scheduled or dispatched still has its record in Redis (archive_run_lost)",
+        "scheduled or dispatched still has its record in Redis (archive_run_lost), and that "
+        "the archiver keeps up with every shard's event log (archiver_behind)",
+    )
+    p.add_argument(
+        "--archiver-behind-s",
+        type=float,
+        default=None,
+        help="with --archive: a shard whose first event not archived is older than this is "
+        "archiver_behind (default: TIMEWHEEL_AUDIT_ARCHIVER_BEHIND_MS, 60 s)",
     )
     p.add_argument(
         "--events",
