@@ -3,9 +3,10 @@
   KEYS[2] expiry  ZSET tag..'expiry', finish bucket_start -> bucket_start
   ARGV[1] retention_ms   ARGV[2] bucket_ms   ARGV[3] limit: most records deleted per call
           (<= 5000, to keep the call short)   ARGV[4] now_ms override ('' = TIME)
-  Derived keys (same tag): x:<bucket>, t:<xy>.
+  Derived keys (same tag): xl:<bucket> (LIST of the bucket's finished runs), x:<bucket>
+  (the HASH an earlier version kept instead), t:<xy>.
   Returns: {deleted, more}   more = 1 if expired buckets may remain
-  Meta fields xbucket/xcursor hold the HSCAN cursor of a bucket drained across calls.
+  Meta fields xbucket/xcursor hold the HSCAN cursor of an x: hash drained across calls.
   Records are kept so GET still answers and an idempotent create still finds its task
   (docs/design.md); a record that went back to scheduled meanwhile is left alone. ]]
 local meta_key, expiry_key = KEYS[1], KEYS[2]
@@ -27,6 +28,5 @@ local function expire(run_id)
 end
 
 local cutoff = clock_now_ms(now_override) - retention_ms - bucket_ms
-local deleted, at_limit = wheel_drain(expiry_key, tag .. 'x:', cutoff, limit, expire, meta_key,
-  'xbucket', 'xcursor')
+local deleted, at_limit = wheel_expire(tag, expiry_key, cutoff, limit, expire, meta_key)
 return { deleted, at_limit and 1 or 0 }

@@ -42,12 +42,15 @@ local tag = string.sub(events_key, 1, -7)
 
 local reports = delivery_reports(KEYS, ARGV, 7, 4, group)
 local now = clock_now_ms(now_override)
+local now_packed = cmsgpack.pack(now)  -- every finished record's updated
 local promoted_until = wheel_promoted_until(tag .. 'meta')
 local record_of = delivery_loader(tag, reports, promoted_until)
 local codes, acked, retained, tally, woken = {}, {}, {}, {}, 0
+-- ':<attempt>' for the event's run list, formatted once per attempt number met.
+local marks = {}
 for i, report in ipairs(reports) do
   local run_id, attempt = report[3], report[4]
-  local r, bkey = record_of(i)
+  local r, bkey, field, raw = record_of(i)
   if r == nil then
     codes[i] = -1
   elseif r[R_ATTEMPT] ~= attempt or
@@ -57,8 +60,7 @@ for i, report in ipairs(reports) do
     if r[R_STATE] == ST_SCHEDULED then
       wheel_remove(tag, run_id, r[R_TENANT], r[R_DUE], bucket_ms, r[R_QUEUE])
     end
-    r[R_STATE], r[R_UPDATED] = ST_SUCCEEDED, now
-    record_save(bkey, run_id, r)
+    record_finish(bkey, field, r, raw, ST_SUCCEEDED, now, now_packed)
     retained[#retained + 1] = run_id
     if usage_counted(r) then
       usage_tally(tally, r[R_TENANT], r[R_QUEUE], -#(r[R_PAYLOAD] or ''), -1)
@@ -67,7 +69,12 @@ for i, report in ipairs(reports) do
         schedule_run_finished(tag, r[R_SCHEDULE], run_id, now, bucket_ms) == 1 then
       woken = 1
     end
-    acked[#acked + 1] = string.format('%s:%s:%d', run_id, r[R_TENANT], attempt)
+    local mark = marks[attempt]
+    if mark == nil then
+      mark = ':' .. string.format('%d', attempt)
+      marks[attempt] = mark
+    end
+    acked[#acked + 1] = run_id .. ':' .. r[R_TENANT] .. mark
     codes[i] = 1
   end
 end

@@ -47,13 +47,13 @@ for i, report in ipairs(reports) do
   if handled[run_id] then
     replies[i] = { 0 }
   else
-    local r, bkey = record_of(i)
+    local r, bkey, field = record_of(i)
     if r == nil then
       replies[i] = { -1 }
     elseif not delivery_live(r, attempt) then
       replies[i] = { 0 }
     else
-      ctx.error, ctx.permanent = ARGV[at + 4], ARGV[at + 5] == '1'
+      ctx.field, ctx.error, ctx.permanent = field, ARGV[at + 4], ARGV[at + 5] == '1'
       ctx.delay_ms, ctx.rand = tonumber(ARGV[at + 6]), tonumber(ARGV[at + 7])
       local outcome, detail = retry_or_bury(tag, bkey, run_id, r, ctx)
       handled[run_id] = true

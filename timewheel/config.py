@@ -23,9 +23,10 @@ class Settings:
     """Logical shards, a power of two, fixed when the deployment is created."""
     bucket_ms: int = 600_000
     """Width of a far-level time bucket and of a finished-record expiry bucket. Size it so
-    a bucket holds a few hundred runs per shard (pending runs / shards / buckets in their
-    span <= 1024, hash-max-listpack-entries): a bucket past that converts to a hashtable
-    (about +60 B/run); one far below it pays the per-key overhead (README, Performance)."""
+    a far bucket holds a few hundred runs per shard (pending runs / shards / buckets in
+    their span <= 1024, hash-max-listpack-entries): a bucket past that converts to a
+    hashtable (about +60 B/run); one far below it pays the per-key overhead (README,
+    Performance). An expiry bucket is a list, compact at any size."""
     horizon_ms: int = 120_000
     """How far ahead of the shard clock the promoter moves buckets into the near level."""
     tick_batch: int = 1000

@@ -14,9 +14,10 @@
 --       read up front with one ZMSCORE per tenant for the sent test (record_sent),
 --       and one HLEN of the shard's parked pairs, so a shard with none (the usual case)
 --       pays no park lookup per run;
---       load(i) -> r, bkey is report i's record as record_load gives it. A run met a
---       second time in the call, and a schedule's run (whose end may put another run of
---       the schedule back in the wheel), is read again when its turn comes.
+--       load(i) -> r, bkey, field, raw is report i's record as record_load gives it,
+--       where it lives (run_place, worked out once per run) and the record as stored. A
+--       run met a second time in the call, and a schedule's run (whose end may put
+--       another run of the schedule back in the wheel), is read again when its turn comes.
 --   delivery_live(r, attempt)   whether a delivery of this attempt is the run's current
 --       one: the record says dispatched, at that attempt.
 
@@ -47,12 +48,16 @@ local function delivery_reports(keys, argv, first, width, group)
 end
 
 local function delivery_loader(tag, reports, promoted_until)
-  local records, keys, unsent = {}, {}, {}
+  local records, keys, fields, raws, unsent = {}, {}, {}, {}, {}
   for i, report in ipairs(reports) do
     local run_id = report[3]
-    local bkey = body_key(tag, run_id)
-    local r = record_read(bkey, run_id)
-    records[i], keys[i] = r, bkey
+    local _, bkey, field = run_place(tag, run_id)
+    local raw = redis.call('HGET', bkey, field)
+    local r = nil
+    if raw then
+      r = { cmsgpack.unpack(raw) }
+    end
+    records[i], keys[i], fields[i], raws[i] = r, bkey, field, raw
     if r and r[R_STATE] == ST_SCHEDULED and r[R_SCHEDULE] == nil then
       local ids = unsent[r[R_TENANT]]
       if ids == nil then
@@ -78,15 +83,15 @@ local function delivery_loader(tag, reports, promoted_until)
   end
   local seen = {}
   return function(i)
-    local run_id, r, bkey = reports[i][3], records[i], keys[i]
+    local run_id, r, bkey, raw = reports[i][3], records[i], keys[i], raws[i]
     if seen[run_id] or (r and r[R_SCHEDULE] ~= nil) then
-      r = record_load(bkey, run_id, promoted_until)
+      r, raw = record_load(bkey, run_id, promoted_until)
     elseif r and r[R_STATE] == ST_SCHEDULED and
         record_sent(tag, run_id, r, promoted_until, near[run_id] == true, parked) then
       r[R_STATE], r[R_ATTEMPT], r.sent = ST_DISPATCHED, r[R_ATTEMPT] + 1, true
     end
     seen[run_id] = true
-    return r, bkey
+    return r, bkey, fields[i], raw
   end
 end
 

@@ -19,8 +19,12 @@
 --   record_scheduled(bkey, run_id, tenant) -> r | nil, refusal   a tenant's run that is
 --       still scheduled, or the NOT_FOUND / INVALID_STATE reply.
 --   record_pack(r) -> raw;  record_create(bkey, run_id, raw) -> 1 | 0 (HSETNX);
---   record_put(bkey, run_id, raw);  record_save(bkey, run_id, r) -> raw;
+--   record_put(bkey, run_id, raw);  record_save(bkey, run_id, r, field) -> raw (field:
+--       the run's field in bkey when the caller has it, else worked out);
 --   record_delete(bkey, run_id).
+--   record_finish(bkey, field, r, raw, state, now, now_packed)   a run ends: r, as read
+--       from raw (with a sent run's state and attempt), takes `state` and updated = now
+--       (now_packed = cmsgpack.pack(now), once per call) and is written to field of bkey.
 local R_STATE, R_ATTEMPT, R_DUE, R_TENANT, R_QUEUE, R_CREATED = 1, 2, 3, 4, 5, 6
 local R_PAYLOAD, R_OPTS, R_UPDATED, R_ERROR, R_SCHEDULE, R_DEAD = 7, 8, 9, 10, 11, 12
 local ST_SCHEDULED, ST_DISPATCHED, ST_SUCCEEDED, ST_CANCELLED, ST_DEAD = 0, 1, 2, 3, 4
@@ -164,8 +168,39 @@ local function record_pack(r)
   return cmsgpack.pack(unpack(r, 1, n))
 end
 
-local function record_save(bkey, run_id, r)
+local function record_save(bkey, run_id, r, field)
   local raw = record_pack(r)
-  record_put(bkey, run_id, raw)
+  redis.call('HSET', bkey, field or body_field(run_id), raw)
   return raw
+end
+
+-- The nils that fill the places between a record's last value and updated (field 9).
+local RECORD_FILL = { [0] = '', '\192', '\192\192', '\192\192\192', '\192\192\192\192',
+  '\192\192\192\192\192', '\192\192\192\192\192\192' }
+
+-- A record whose values end at opts at most (no updated, error, schedule or dead letter:
+-- a one-shot run finishing its first life) is patched rather than packed again, which
+-- is what it costs most: state and attempt are its first two bytes (small integers, one
+-- byte each), and updated is appended. The result is the bytes record_pack would give.
+-- A record not in that form (a last byte that is a nil: one packed with its trailing nils,
+-- as earlier versions did) is packed as a whole.
+local function record_finish(bkey, field, r, raw, state, now, now_packed)
+  local attempt = r[R_ATTEMPT]
+  local first, second = string.byte(raw, 1, 2)
+  local out
+  if r[R_UPDATED] == nil and r[R_ERROR] == nil and r[R_SCHEDULE] == nil and
+      r[R_DEAD] == nil and first < 128 and second < 128 and attempt >= 0 and attempt < 128 and
+      string.byte(raw, -1) ~= 192 then
+    local n = R_OPTS
+    while r[n] == nil do
+      n = n - 1
+    end
+    out = string.char(state, attempt) .. string.sub(raw, 3) .. RECORD_FILL[R_OPTS - n] ..
+      now_packed
+    r[R_STATE], r[R_UPDATED] = state, now
+  else
+    r[R_STATE], r[R_UPDATED] = state, now
+    out = record_pack(r)
+  end
+  redis.call('HSET', bkey, field, out)
 end

@@ -8,7 +8,8 @@
 --       ctx: now, defaults, error, reason, permanent, delay_ms (nil = backoff), rand,
 --       bucket_ms, events_key, event_cap, and wake_channel, shard (optional); and for a
 --       call reporting many runs (run_fail), promoted_until, policies (a table of the
---       policies met so far, by opts) and retried (see retry_flush).
+--       policies met so far, by opts), retried (see retry_flush) and field (the run's
+--       field in bkey).
 --   retry_flush(tag, ctx)   what the retries collected in ctx.retried ({runs = {},
 --       errors = {}, near = {}, wake = 0}) share: the runs due before promoted_until go
 --       into the near level with one ZADD per tenant, then one retry_scheduled entry for
@@ -88,7 +89,7 @@ local function retry_or_bury(tag, bkey, run_id, r, ctx)
       wake = wheel_place(tag, tag .. 'meta', run_id, tenant, r[R_DUE], ctx.bucket_ms,
         ctx.promoted_until)
     end
-    record_save(bkey, run_id, r)
+    record_save(bkey, run_id, r, ctx.field)
     if batch then
       local n = #batch.runs + 1
       batch.runs[n] = string.format('%s:%s:%d:%d', run_id, tenant, r[R_ATTEMPT], r[R_DUE])
@@ -106,7 +107,7 @@ local function retry_or_bury(tag, bkey, run_id, r, ctx)
   end
   local entry = dead_letter(tag, run_id, r, ctx.reason, ctx.error, now)
   r[R_STATE], r[R_DEAD] = ST_DEAD, entry
-  record_save(bkey, run_id, r)
+  record_save(bkey, run_id, r, ctx.field)
   if usage_counted(r) then
     usage_run(usage_key(tag, tenant), r, -1, 0)
   else

@@ -16,12 +16,17 @@
 --       (queue: also out of its pair's park set, lib/park.lua).
 --   wheel_retain(tag, run_id, finished_ms, bucket_ms)   index a finished record for expiry;
 --       wheel_retain_many(tag, run_ids, finished_ms, bucket_ms) many at once.
+--   wheel_expire(tag, index_key, upto, limit, each, meta_key) -> taken, at_limit   the
+--       finished runs of the expiry buckets (index_key: tag..'expiry') that start at or
+--       before upto, handed to each(run_id) and taken out, at most `limit` per call.
 --   wheel_promoted_until(meta) -> ms   where the near level ends.
 --   wheel_member(run_id) -> member;  wheel_run_id(tag, member) -> run_id   far buckets'
 --       members, without the shard characters.
 --   wheel_first_bucket(index_key, upto) -> start | nil   the oldest bucket of an index.
 --   wheel_drain(index_key, bucket_prefix, upto, limit, each, meta_key, bucket_field,
---       cursor_field) -> taken, at_limit   empty buckets of an index, in bounded steps.
+--       cursor_field) -> taken, at_limit   empty buckets of an index, in bounded steps;
+--       wheel_drain_step(index_key, b, key, limit, each, meta_key, bucket_field,
+--       cursor_field) -> taken   one step of one bucket.
 
 -- A far bucket's member is the run id without its 3 shard characters: the key's tag
 -- implies them (3 bytes of every far-level run).
@@ -109,25 +114,27 @@ end
 
 -- Finished records (succeeded, cancelled, dead) are kept for the retention window so
 -- GET and idempotent creates still find them; they are indexed by finish bucket in
--- tag..'x:'..bucket HASH run_id -> '' and tag..'expiry' ZSET, purged by dispatch_expire.lua.
-local function wheel_retain(tag, run_id, finished_ms, bucket_ms)
-  local bucket = finished_ms - (finished_ms % bucket_ms)
-  redis.call('HSET', tag .. 'x:' .. bucket, run_id, '')
-  redis.call('ZADD', tag .. 'expiry', bucket, bucket)
-end
-
--- Many runs finished at one time (a batch of acks): one HSET and one ZADD for them all.
+-- tag..'xl:'..bucket LIST of run ids and tag..'expiry' ZSET, purged by dispatch_expire.lua.
+-- A list takes a batch's ids in one RPUSH at O(1) each and stays compact however many
+-- runs finish in a bucket. (A hash checks every new field against those it holds: a
+-- listpack one, up to hash-max-listpack-entries, by a scan, which made the index a fifth
+-- of an ack.) A run finished twice in a bucket is listed twice; expiry takes it once.
+-- Buckets of earlier versions, tag..'x:'..bucket HASH run_id -> '', are drained as before.
 local function wheel_retain_many(tag, run_ids, finished_ms, bucket_ms)
   if #run_ids == 0 then
     return
   end
   local bucket = finished_ms - (finished_ms % bucket_ms)
-  local fields = {}
-  for i, run_id in ipairs(run_ids) do
-    fields[2 * i - 1], fields[2 * i] = run_id, ''
+  -- One integer format, not Redis' '%.17g' of a number argument, twice.
+  local b = string.format('%d', bucket)
+  -- A list that is there is indexed already (wheel_expire drops both together).
+  if redis.call('RPUSH', tag .. 'xl:' .. b, unpack(run_ids)) == #run_ids then
+    redis.call('ZADD', tag .. 'expiry', b, b)
   end
-  redis.call('HSET', tag .. 'x:' .. bucket, unpack(fields))
-  redis.call('ZADD', tag .. 'expiry', bucket, bucket)
+end
+
+local function wheel_retain(tag, run_id, finished_ms, bucket_ms)
+  wheel_retain_many(tag, { run_id }, finished_ms, bucket_ms)
 end
 
 -- The oldest bucket of an index (tag..'wheel', tag..'expiry') that starts at or before
@@ -136,13 +143,44 @@ local function wheel_first_bucket(index_key, upto)
   return redis.call('ZRANGE', index_key, '-inf', upto, 'BYSCORE', 'LIMIT', 0, 1)[1]
 end
 
--- Empty the buckets of an index that start at or before upto, oldest first: each member
--- (field of bucket_prefix..start) is handed to each(member), then deleted, and a bucket
--- left empty leaves the index. At most `limit` members per call. A bucket is read with
--- HSCAN from a cursor kept in meta_key (fields bucket_field, cursor_field), so a large
--- (hashtable) bucket, such as a thundering herd's, is drained across calls in bounded
--- steps. Returns members taken, and whether it stopped at the limit (true: buckets may
--- remain) rather than for want of one (false).
+-- One step of draining bucket b of an index (key its hash): at most `limit` members,
+-- each handed to each(member) and deleted, read with HSCAN from a cursor kept in
+-- meta_key (fields bucket_field, cursor_field), so a large (hashtable) bucket, such as a
+-- thundering herd's, is drained across calls in bounded steps. Returns the members
+-- taken; a bucket left empty leaves the index.
+local function wheel_drain_step(index_key, b, key, limit, each, meta_key, bucket_field,
+    cursor_field)
+  local state = redis.call('HMGET', meta_key, bucket_field, cursor_field)
+  local cursor = '0'
+  if state[1] == b and state[2] then
+    cursor = state[2]
+  end
+  local scan = redis.call('HSCAN', key, cursor, 'COUNT', limit)
+  local fields = scan[2]
+  local members = {}
+  for i = 1, #fields, 2 do
+    members[#members + 1] = fields[i]
+    each(fields[i])
+  end
+  if #members > 0 then
+    redis.call('HDEL', key, unpack(members))
+  end
+  if redis.call('EXISTS', key) == 0 then
+    redis.call('ZREM', index_key, b)
+    redis.call('HDEL', meta_key, bucket_field, cursor_field)
+  elseif scan[1] == '0' then
+    -- A full pass is done but members added meanwhile remain: start a new pass.
+    redis.call('HDEL', meta_key, bucket_field, cursor_field)
+  else
+    redis.call('HSET', meta_key, bucket_field, b, cursor_field, scan[1])
+  end
+  return #members
+end
+
+-- Empty the buckets of an index that start at or before upto, oldest first (each a hash
+-- bucket_prefix..start, wheel_drain_step). At most `limit` members per call. Returns
+-- members taken, and whether it stopped at the limit (true: buckets may remain) rather
+-- than for want of one (false).
 local function wheel_drain(index_key, bucket_prefix, upto, limit, each, meta_key, bucket_field,
     cursor_field)
   local taken = 0
@@ -151,31 +189,34 @@ local function wheel_drain(index_key, bucket_prefix, upto, limit, each, meta_key
     if b == nil then
       return taken, false
     end
-    local key = bucket_prefix .. b
-    local state = redis.call('HMGET', meta_key, bucket_field, cursor_field)
-    local cursor = '0'
-    if state[1] == b and state[2] then
-      cursor = state[2]
+    taken = taken + wheel_drain_step(index_key, b, bucket_prefix .. b, limit - taken, each,
+      meta_key, bucket_field, cursor_field)
+  end
+  return taken, true
+end
+
+-- Empty the expiry buckets that start at or before upto, oldest first: a bucket's list
+-- (LPOP, many at once), then the hash an earlier version may have left under the same
+-- start (HSCAN steps, cursor in meta_key's xbucket and xcursor); the bucket leaves the
+-- index once both are gone.
+local function wheel_expire(tag, index_key, upto, limit, each, meta_key)
+  local taken = 0
+  while taken < limit do
+    local b = wheel_first_bucket(index_key, upto)
+    if b == nil then
+      return taken, false
     end
-    local scan = redis.call('HSCAN', key, cursor, 'COUNT', limit - taken)
-    local fields = scan[2]
-    local members = {}
-    for i = 1, #fields, 2 do
-      members[#members + 1] = fields[i]
-      each(fields[i])
-    end
-    if #members > 0 then
-      redis.call('HDEL', key, unpack(members))
-    end
-    taken = taken + #members
-    if redis.call('EXISTS', key) == 0 then
-      redis.call('ZREM', index_key, b)
-      redis.call('HDEL', meta_key, bucket_field, cursor_field)
-    elseif scan[1] == '0' then
-      -- A full pass is done but members added meanwhile remain: start a new pass.
-      redis.call('HDEL', meta_key, bucket_field, cursor_field)
+    local ids = redis.call('LPOP', tag .. 'xl:' .. b, limit - taken)
+    if ids then
+      for i = 1, #ids do
+        each(ids[i])
+      end
+      taken = taken + #ids
+    elseif redis.call('EXISTS', tag .. 'x:' .. b) == 1 then
+      taken = taken + wheel_drain_step(index_key, b, tag .. 'x:' .. b, limit - taken, each,
+        meta_key, 'xbucket', 'xcursor')
     else
-      redis.call('HSET', meta_key, bucket_field, b, cursor_field, scan[1])
+      redis.call('ZREM', index_key, b)
     end
   end
   return taken, true

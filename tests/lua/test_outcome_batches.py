@@ -10,14 +10,20 @@ import json
 from collections import Counter
 from typing import Any
 
+import pytest
+
 from timewheel.archive.events import batched_runs
 from timewheel.archive.history import run_history
+from timewheel.dispatch.tick import ExpireResult
 from timewheel.engine import Engine
+from timewheel.errors import TaskNotFound
 from timewheel.runs.delivery import Delivery, parse_entry
 from timewheel.runs.outcomes import Failure
+from timewheel.store import record
 from timewheel.tasks.model import NewTask
 from timewheel.testing.clock import NOW
 from timewheel.testing.dispatch import prime, tick_all
+from timewheel.types import TaskState
 
 GROUP = "g"
 TENANT = "acme"
@@ -105,8 +111,9 @@ async def test_a_batch_of_acks_answers_each_run_and_writes_what_they_share_once(
     assert [(e.kind, e.attempt) for e in history][-1] == ("acked", 1)
     # Finished records are indexed for expiry, in the batch's finish bucket.
     bucket = (NOW + 1200) - (NOW + 1200) % engine.settings.bucket_ms
-    retained: Any = await engine.client.hkeys(engine.keys.tag(shard) + f"x:{bucket}")
+    retained: Any = await engine.client.lrange(engine.keys.retained(shard, bucket), 0, -1)
     assert {d1.run_id, d2.run_id} <= {k.decode() for k in retained}
+    assert await engine.client.zscore(engine.keys.expiry(shard), bucket) == bucket
     # The same batch again: every run answers stale (or not found), nothing changes.
     assert await engine.outcomes.ack_many(batch, GROUP, now_ms=NOW + 1300) == [False] * 6
     assert await usage(engine, shard) == after
@@ -221,3 +228,118 @@ async def test_a_late_ack_in_a_batch_ends_the_run_whose_retry_waits_in_the_wheel
     assert (await engine.tasks.get(TENANT, d1.run_id)).state == "succeeded"
     assert await engine.client.zscore(near, d1.run_id) is None  # the retry is dropped
     assert await tick_all(engine, NOW + 10_000) == 0
+
+
+REPACK = "return cmsgpack.pack(cmsgpack.unpack(ARGV[1]))"
+"""A record decoded and packed again on the server: what a full rewrite would store."""
+
+
+async def stored(engine: Engine, shard: int, run_id: str) -> bytes:
+    raw: Any = await engine.client.hget(
+        engine.keys.body(shard, run_id), engine.keys.body_field(run_id)
+    )
+    return bytes(raw)
+
+
+async def test_an_ack_writes_the_record_a_full_rewrite_would(engine: Engine) -> None:
+    """The ack patches a first finish in place (state, attempt, updated appended) and
+    packs any other record whole: either way the stored bytes are the canonical packing
+    of the finished record, with every other field as it was."""
+    await engine.tasks.create_many(
+        [
+            NewTask(
+                tenant=TENANT,
+                payload_json='"p"',
+                run_at_ms=NOW + 100,
+                options={"visibility_timeout_s": 60} if i % 2 else {},
+            )
+            for i in range(48)
+        ]
+    )
+    delivered = await read_all(engine)
+    shard, _ = Counter(engine.keys.shard_of_key(d.stream) for d in delivered).most_common(1)[0]
+    mine = [d for d in delivered if engine.keys.shard_of_key(d.stream) == shard]
+    plain = [d for d in mine if d.visibility_timeout_ms is None]
+    with_opts = [d for d in mine if d.visibility_timeout_ms is not None]
+    assert plain and with_opts
+    # One run retried and out again: its record holds updated and last_error.
+    retried = mine[0]
+    await engine.outcomes.fail_many(
+        [Failure(retried, "boom", delay_ms=0)], GROUP, now_ms=NOW + 1100
+    )
+    await tick_all(engine, NOW + 1150)
+    again: Any = await engine.client.xreadgroup(GROUP, "c", {retried.stream: ">"}, count=10)
+    [second] = [parse_entry(retried.stream, e, f) for e, f in again[0][1]]
+    assert (second.run_id, second.attempt) == (retried.run_id, 2)
+    batch = [second, *[d for d in mine if d.run_id != retried.run_id]]
+    before = {
+        d.run_id: record.decode_fields(await stored(engine, shard, d.run_id), sent=True)
+        for d in batch
+    }
+    assert await engine.outcomes.ack_many(batch, GROUP, now_ms=NOW + 1200) == [True] * len(batch)
+    for d in batch:
+        raw = await stored(engine, shard, d.run_id)
+        key = engine.keys.body(shard, d.run_id)
+        repacked: Any = await engine.client.eval(REPACK, 1, key, raw)
+        assert raw == bytes(repacked), d.run_id
+        values = record.decode_fields(raw)
+        expected = list(before[d.run_id])
+        expected[0], expected[8] = TaskState.SUCCEEDED, NOW + 1200
+        assert values == expected
+    assert before[second.run_id][9] == "boom" and before[second.run_id][1] == 2
+
+
+async def test_finished_runs_expire_in_bounded_calls_from_lists_and_older_hash_buckets(
+    engine: Engine,
+) -> None:
+    """A finish bucket is a list of run ids, drained a limit at a time; a bucket an
+    earlier version kept as a hash (run id -> '') is drained as well, also when a list
+    shares its start; the index empties with them, and a record that is live again stays."""
+    mine = await one_shard(engine, 8)
+    shard = engine.keys.shard_of_key(mine[0].stream)
+    bucket_ms, client = engine.settings.bucket_ms, engine.client
+    acked, old, back = mine[:5], mine[5:7], mine[7]
+    assert await engine.outcomes.ack_many(acked, GROUP, now_ms=NOW + 1200) == [True] * 5
+    assert await engine.outcomes.ack_many([*old, back], GROUP, now_ms=NOW + 1200) == [True] * 3
+    bucket = (NOW + 1200) - (NOW + 1200) % bucket_ms
+    listed: Any = await client.lrange(engine.keys.retained(shard, bucket), 0, -1)
+    assert [r.decode() for r in listed] == [d.run_id for d in (*acked, *old, back)]
+    # As an earlier version indexed them: old in a hash of the same bucket, back in a
+    # hash of the bucket before, alone.
+    earlier = bucket - bucket_ms
+    for d in (*old, back):
+        await client.lrem(engine.keys.retained(shard, bucket), 1, d.run_id)
+    await client.hset(
+        engine.keys.legacy_retained(shard, bucket), mapping={d.run_id: "" for d in old}
+    )
+    await client.hset(engine.keys.legacy_retained(shard, earlier), back.run_id, "")
+    await client.zadd(engine.keys.expiry(shard), {str(earlier): earlier})
+    # back went out again meanwhile (a replay would): its record is not finished.
+    raw = await stored(engine, shard, back.run_id)
+    await client.hset(
+        engine.keys.body(shard, back.run_id),
+        engine.keys.body_field(back.run_id),
+        bytes([1]) + raw[1:],
+    )
+    after = NOW + engine.settings.retention_ms + 3 * bucket_ms
+    assert await engine.dispatch.expire(shard, now_ms=NOW + engine.settings.retention_ms - 1) == (
+        ExpireResult(0, False)
+    )
+    steps = []
+    while True:
+        result = await engine.dispatch.expire(shard, limit=2, now_ms=after)
+        steps.append(result.deleted)
+        if not result.more:
+            break
+    assert sum(steps) == 8 and max(steps) == 2
+    for d in (*acked, *old):
+        with pytest.raises(TaskNotFound):
+            await engine.tasks.get(TENANT, d.run_id)
+    assert (await engine.tasks.get(TENANT, back.run_id)).state == "dispatched"
+    assert await client.zcard(engine.keys.expiry(shard)) == 0
+    for key in (
+        engine.keys.retained(shard, bucket),
+        engine.keys.legacy_retained(shard, bucket),
+        engine.keys.legacy_retained(shard, earlier),
+    ):
+        assert not await client.exists(key)

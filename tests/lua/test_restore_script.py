@@ -99,7 +99,7 @@ async def test_restore_finished_writes_dead_letters_and_retained_records(
     assert (await engine.tasks.get("a", done_id)).state == "succeeded"
     bucket = 7_000 - 7_000 % bucket_ms
     assert await engine.client.zscore(engine.keys.expiry(5), bucket) == bucket
-    assert await engine.client.hexists(f"{engine.keys.tag(5)}x:{bucket}", done_id)
+    assert await engine.client.lpos(engine.keys.retained(5, bucket), done_id) is not None
     again = await engine.store.scripts.restore_finished(engine.client, keys, [bucket_ms, 2, *args])
     assert again == [0, 2]
     letters = await engine.client.xrange(engine.keys.dead(5, "a"))

@@ -415,7 +415,7 @@ async def test_task_record_decodes_each_kind_of_run_and_says_where_it_sits(
     updated = int(cancelled["updated"][0].split()[1])
     finished = updated - updated % standalone_engine.settings.bucket_ms
     assert cancelled["where"] == [
-        f"finished, kept for retention in {tag}{world.initech}}}:x:{finished}"
+        f"finished, kept for retention in {tag}{world.initech}}}:xl:{finished}"
     ]
 
     missing = world.near[0][:3] + "0" * 13

@@ -50,6 +50,14 @@ class Keys:
         """ZSET of finish-bucket starts of records kept for the retention window."""
         return self.tag(shard) + "expiry"
 
+    def retained(self, shard: int, bucket_start_ms: int) -> str:
+        """LIST of the runs that finished in one finish bucket (lua/lib/wheel.lua); an
+        earlier version kept a HASH run id -> '' under legacy_retained."""
+        return f"{self.tag(shard)}xl:{bucket_start_ms}"
+
+    def legacy_retained(self, shard: int, bucket_start_ms: int) -> str:
+        return f"{self.tag(shard)}x:{bucket_start_ms}"
+
     def body(self, shard: int, run_id: str) -> str:
         """HASH body_field(run_id) -> record; the hash is chosen by the last two
         characters of the task id (the part of the run id before any '@')."""

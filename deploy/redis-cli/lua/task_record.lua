@@ -118,7 +118,9 @@ elseif state == 4 then
 else
   local finished = tonumber(r[R_UPDATED])
   local bucket = finished and string.format('%d', finished - finished % bucket_ms)
-  if bucket and redis.call('HEXISTS', tag .. 'x:' .. bucket, run_id) == 1 then
+  if bucket and redis.call('LPOS', tag .. 'xl:' .. bucket, run_id) then
+    where('finished, kept for retention in', tag .. 'xl:' .. bucket)
+  elseif bucket and redis.call('HEXISTS', tag .. 'x:' .. bucket, run_id) == 1 then
     where('finished, kept for retention in', tag .. 'x:' .. bucket)
   else
     where('finished, not in a retention bucket')
