@@ -9,7 +9,7 @@ import pytest
 from redis.exceptions import ResponseError
 
 from timewheel import ids
-from timewheel.archive.restore import RestoredRun
+from timewheel.archive.replay import RestoredRun
 from timewheel.engine import Engine
 
 

@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 from timewheel import ids
-from timewheel.archive.restore import RestoredRun
+from timewheel.archive.replay import RestoredRun
 from timewheel.engine import Engine
 from timewheel.runs import dead_letters as deadletters
 from timewheel.schedules.model import ScheduleChanges

@@ -63,13 +63,13 @@ async def test_runs_are_acked_only_after_their_handlers_return(fast: Engine) -> 
 
     worker = Worker(fast.store, "acme", "default", concurrency=5, prefetch=3)
     sent_early: list[str] = []
-    send = worker._send_acks
+    send = worker._recorder.send_acks
 
     async def checked_send(batch: Any) -> list[bool]:
         sent_early.extend(d.run_id for d in batch if d.run_id not in returned)
         return await send(batch)
 
-    worker._send_acks = checked_send  # type: ignore[method-assign]
+    worker._recorder.send_acks = checked_send  # type: ignore[method-assign]
     stop = asyncio.Event()
     task = asyncio.create_task(worker.run(handler, stop))
     try:
@@ -305,7 +305,7 @@ async def test_failed_handlers_are_logged_with_tracebacks_rate_limited(
         want = ("warning", "retry") if line["run_id"] == retried.task_id else ("error", "dead")
         assert (line["log_level"], line["outcome"]) == want
     assert sum(e.get("suppressed", 0) for e in lines) + len(lines) <= 41
-    assert worker._failures.suppressed_total == 41 - len(lines)
+    assert worker._recorder.failures.suppressed_total == 41 - len(lines)
     assert any(e["event"] == "worker_started" for e in logs)
     assert any(e["event"] == "worker_stopped" for e in logs)
 
@@ -370,9 +370,9 @@ async def test_the_read_ahead_grows_for_fast_handlers_within_its_bound(fast: Eng
 
     async def quick(d: Delivery) -> None:
         nonlocal most
-        most = max(most, worker._outstanding)
+        most = max(most, worker._inflight.outstanding)
 
     worker = Worker(fast.store, "acme", "default", concurrency=4, prefetch=4)
     await work_until(worker, quick, lambda: worker.handled == 2000, 30)
-    assert worker._prefetch_now == 16
+    assert worker._reader.prefetch_now == 16
     assert most <= 4 + 16

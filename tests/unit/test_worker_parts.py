@@ -178,27 +178,27 @@ def _worker(pairs: list[tuple[str, str]], spread: int = 1) -> Worker:
 
 def test_one_pair_shares_the_room_between_its_streams() -> None:
     worker = _worker([("acme", "jobs")], spread=4)
-    [(count, streams)] = worker._plan(16)
+    [(count, streams)] = worker._reader.plan(16)
     assert (count, len(streams)) == (4, 4)
-    [(count, _)] = worker._plan(5)
+    [(count, _)] = worker._reader.plan(5)
     assert count == 2  # rounded up: a read brings at most one run per stream more
 
 
 def test_busy_pairs_share_the_room_and_idle_ones_are_probed_in_turn() -> None:
     worker = _worker([(f"t{i:02d}", "q") for i in range(20)])
-    assert dict(worker._plan(40)) == {2: worker.streams}  # nothing known: all share
-    for i, pair in enumerate(worker._pairs):
+    assert dict(worker._reader.plan(40)) == {2: worker.streams}  # nothing known: all share
+    for i, pair in enumerate(worker._reader.pairs):
         pair.busy = i < 2
-    busy = {worker._pairs[0].streams[0], worker._pairs[1].streams[0]}
+    busy = {worker._reader.pairs[0].streams[0], worker._reader.pairs[1].streams[0]}
     seen: set[str] = set()
     for _ in range(4):
-        plan = worker._plan(12)
+        plan = worker._reader.plan(12)
         probed = [s for count, streams in plan if count == 1 for s in streams if s not in busy]
         assert len(probed) <= 6  # within half the room
         shares = {s: count for count, streams in plan for s in streams if s in busy}
         assert shares and set(shares.values()) == {3}  # the other half, split equally
         seen.update(probed)
-    assert seen == {p.streams[0] for p in worker._pairs[2:]}  # every idle pair in turn
+    assert seen == {p.streams[0] for p in worker._reader.pairs[2:]}  # every idle pair in turn
 
 
 def test_the_failure_log_keeps_to_its_rate() -> None:

@@ -1,7 +1,7 @@
 """What an event-log entry becomes in PostgreSQL: run_events rows and task changes.
 
 Pure functions of an entry's fields (no I/O), used by the archiver (timewheel/archive/archiver.py);
-restore replays the rows they produce (timewheel/archive/restore.py).
+restore replays the rows they produce (timewheel/archive/replay.py).
 """
 
 from __future__ import annotations

@@ -1,0 +1,313 @@
+"""The worker's reader: reads its (tenant, queue) pairs' streams ahead of the handlers.
+
+It reads as many runs as free handler slots plus the read-ahead (shared equally between
+the streams read and rounded up, so a read may bring one run per stream more), so the
+next batch is there when a slot frees. Once the streams were found empty it waits on all
+of them at once (BLOCK), which may bring one run per stream. Pairs with work share each
+read equally; the others get a small probe, in an order that rotates; the runs of one
+read are interleaved across pairs before they reach the runners.
+
+A tenant's shards may grow while the worker runs (its limit `shards`: the streams of
+every shard it has used are read, store/placement.py): the reader reads its tenants'
+shards again every SHARDS_REFRESH_S and starts reading the new streams (its consumer
+group made on each from the stream's start, so nothing already there is missed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from timewheel.errors import RedisUnavailable
+from timewheel.runs.delivery import Delivery, parse_entry
+from timewheel.runs.inflight import InFlight
+from timewheel.runs.leases import LeaseKeeper
+from timewheel.runs.metrics import PairStats
+from timewheel.runs.outcomes import Outcomes
+from timewheel.runs.wire import Wire
+from timewheel.store.connection import UNREACHABLE, torn_connection
+from timewheel.store.shard import Store
+
+if TYPE_CHECKING:
+    from timewheel.runs.runners import Runners
+
+log = structlog.get_logger("timewheel.worker")
+
+READ_BLOCK_MS = 200
+"""How long a read waits for new runs once the streams were found empty (and so how
+long a stop may wait for the read in flight)."""
+CLUSTER_POLL_S = 0.05
+"""On a Cluster, the pause between reads of idle streams (one read per stream: a
+blocking read of one would hold back the others)."""
+PREFETCH_GROWTH = 4
+"""While handlers outpace the reads, the read-ahead grows up to this times `prefetch`."""
+SHARDS_REFRESH_S = 2.0
+"""How often the worker reads its tenants' shards again (new shards' streams are read
+within about this long of a change)."""
+
+
+class Pair:
+    """One (tenant, queue) a worker serves: its streams and its stats."""
+
+    __slots__ = ("busy", "queue", "stats", "streams", "tenant")
+
+    def __init__(self, tenant: str, queue: str, streams: list[str], stats: PairStats) -> None:
+        self.tenant = tenant
+        self.queue = queue
+        self.streams = streams
+        self.stats = stats
+        self.busy = True
+        """Whether its last read filled a stream's count (so more is likely waiting)."""
+
+
+class Reader:
+    """Reads the pairs' streams as one consumer of one group, sizing its reads."""
+
+    def __init__(
+        self,
+        store: Store,
+        outcomes: Outcomes,
+        group: str,
+        consumer: str,
+        wire: Wire | None,
+        pairs: list[Pair],
+        stream_pair: dict[str, Pair],
+        *,
+        concurrency: int,
+        prefetch: int,
+        inflight: InFlight,
+        keeper: LeaseKeeper,
+        runners: Runners,
+    ) -> None:
+        self.store = store
+        self.outcomes = outcomes
+        self.group = group
+        self.consumer = consumer
+        self._wire = wire
+        """The bulk calls of runs/wire.py (standalone Redis only)."""
+        self.pairs = pairs
+        self.stream_pair = stream_pair
+        """The pair of each stream read, shared with the runners and the recorder
+        (changed in place as streams are added)."""
+        self.streams = list(self.stream_pair)
+        self.concurrency = concurrency
+        self.prefetch = prefetch
+        self.prefetch_now = prefetch
+        """The read-ahead now: from `prefetch` up to PREFETCH_GROWTH times it (adapt)."""
+        self._last_full = self._last_full_before = False
+        """Whether the last read came back with all it asked for (and the one before)."""
+        self._inflight = inflight
+        self._keeper = keeper
+        self._runners = runners
+        inflight.set_capacity(concurrency + prefetch)
+        self.groups_ready = False
+        self._next_shards = 0.0
+        """When the tenants' shards are read again (refresh_shards)."""
+        self._rotation = 0
+
+    async def ensure_groups(self) -> None:
+        """Create the consumer group on each stream (from its start, so nothing is missed)."""
+        await self.refresh_shards()
+        for stream in self.streams:
+            await self.outcomes.register_group(stream, self.group)
+        self.groups_ready = True
+
+    async def refresh_shards(self) -> None:
+        """Read the tenants' shards again; add the streams of shards new to the worker,
+        each with its consumer group made first."""
+        self._next_shards = time.monotonic() + SHARDS_REFRESH_S
+        tenants = list(dict.fromkeys(p.tenant for p in self.pairs))
+        found = await self.store.placements.load_many(tenants, fresh=True)
+        used = dict(zip(tenants, (p.used for p in found), strict=True))
+        keys = self.store.keys
+        added = [
+            (pair, stream)
+            for pair in self.pairs
+            for stream in (keys.stream(s, pair.tenant, pair.queue) for s in used[pair.tenant])
+            if stream not in self.stream_pair
+        ]
+        for pair, stream in added:
+            if self.groups_ready:
+                await self.outcomes.register_group(stream, self.group)
+            pair.streams.append(stream)
+            self.stream_pair[stream] = pair
+        if added:
+            self.streams = list(self.stream_pair)
+            if self.groups_ready:  # a change while running (not the first read of them)
+                log.info("worker_streams_added", streams=[s for _, s in added])
+
+    async def refresh_if_due(self) -> None:
+        if time.monotonic() < self._next_shards:
+            return
+        try:
+            await self.refresh_shards()
+        except RedisUnavailable as exc:
+            log.warning("shards_read_failed", error=str(exc))
+
+    async def read_streams(
+        self, plan: Sequence[tuple[int, list[str]]], block_ms: int | None
+    ) -> list[tuple[str, int, list[Delivery]]]:
+        """(stream, count asked, deliveries) for every stream that had some. Each item of
+        `plan` is a count per stream and the streams to read with it; only a plan of one
+        item blocks (one XREADGROUP per item, or per stream on a Cluster)."""
+        reads: list[tuple[int, list[str]]]
+        if self._wire is None:  # a Cluster: each stream is its own slot, one call each
+            reads = [(count, [s]) for count, streams in plan for s in streams]
+        else:
+            reads = list(plan)
+        block = block_ms if len(reads) == 1 else None
+        try:
+            if len(reads) == 1:
+                replies = [await self._xreadgroup(*reads[0], block)]
+            else:
+                replies = await asyncio.gather(*(self._xreadgroup(c, s, None) for c, s in reads))
+        except UNREACHABLE as exc:
+            raise RedisUnavailable(f"read failed: {exc}") from exc
+        except (AttributeError, TypeError) as exc:
+            if not torn_connection(exc):
+                raise
+            raise RedisUnavailable(f"read failed: connection lost ({exc})") from exc
+        return [
+            (stream, count, got)
+            for (count, _), reply in zip(reads, replies, strict=True)
+            for stream, got in reply
+        ]
+
+    async def _xreadgroup(
+        self, count: int, streams: list[str], block_ms: int | None
+    ) -> list[tuple[str, list[Delivery]]]:
+        if self._wire is not None:
+            return await self._wire.read(count, streams, block_ms)
+        wanted: dict[Any, Any] = dict.fromkeys(streams, ">")
+        reply: Any = await self.store.client.xreadgroup(
+            self.group, self.consumer, wanted, count=count, block=block_ms
+        )
+        items = reply.items() if isinstance(reply, dict) else reply or []  # RESP3 or RESP2
+        out: list[tuple[str, list[Delivery]]] = []
+        for name, entries in items:
+            if entries:
+                stream = name.decode() if isinstance(name, bytes) else name
+                out.append((stream, [parse_entry(stream, e, f) for e, f in entries]))
+        return out
+
+    def plan(self, room: int) -> list[tuple[int, list[str]]]:
+        """What to read for `room` runs: (count per stream, streams) items.
+
+        Pairs whose last read filled a stream's count (busy) share the room equally. The
+        others are probed with one run per stream: as many as fit in half the room (at
+        least one pair), taken round robin from where the last read's probes stopped.
+        With no pair busy, all share."""
+        pairs = self.pairs
+        if len(pairs) == 1:
+            streams = pairs[0].streams
+            return [(-(-room // len(streams)), streams)]
+        busy = [p for p in pairs if p.busy]
+        probes: list[str] = []
+        if not busy:
+            busy = pairs
+        elif len(busy) < len(pairs):
+            budget, start, n = room // 2, self._rotation, len(pairs)
+            for step in range(n):
+                i = (start + step) % n
+                p = pairs[i]
+                if p.busy:
+                    continue
+                if probes and len(probes) + len(p.streams) > budget:
+                    break
+                probes.extend(p.streams)
+                self._rotation = (i + 1) % n
+        share = max(1, (room - len(probes)) // len(busy))
+        by_count: dict[int, list[str]] = {}
+        for p in busy:
+            by_count.setdefault(max(1, -(-share // len(p.streams))), []).extend(p.streams)
+        if probes:
+            by_count.setdefault(1, []).extend(probes)
+        return list(by_count.items())
+
+    def learn(
+        self, plan: Sequence[tuple[int, list[str]]], got: Sequence[tuple[str, int, Any]]
+    ) -> None:
+        """Mark the pairs read: busy if one of their streams gave its whole count."""
+        if len(self.pairs) == 1:
+            return
+        for _, streams in plan:
+            for s in streams:
+                self.stream_pair[s].busy = False
+        for stream, count, deliveries in got:
+            if len(deliveries) >= count:
+                self.stream_pair[stream].busy = True
+
+    def interleave(self, got: list[tuple[str, int, list[Delivery]]]) -> list[Delivery]:
+        """The runs of one read, alternating between pairs (and streams)."""
+        if len(got) == 1:
+            return got[0][2]
+        if len({self.stream_pair[s] for s, _, _ in got}) == 1:
+            return [d for _, _, ds in got for d in ds]
+        return [d for row in itertools.zip_longest(*(ds for _, _, ds in got)) for d in row if d]
+
+    def adapt(self, asked: int, got: int) -> None:
+        """Size the read-ahead from what a read found when it came back.
+
+        Two reads in a row that came back full, the second finding handler slots idle:
+        the handlers finished the first read's runs before the second arrived, so read
+        more at once (fewer, larger reads are cheaper for Redis, which fsyncs once per
+        pass of its event loop). Runs read ahead still waiting for a slot: read less,
+        down to `prefetch`. Handlers that keep their slots busy never grow it."""
+        full, self._last_full = got >= asked, got >= asked
+        if not self.prefetch:
+            return
+        outstanding = self._inflight.outstanding
+        waiting = outstanding - self._runners.running_now()
+        now = self.prefetch_now
+        if full and self._last_full_before and outstanding < self.concurrency:
+            now = min(now * 2, self.prefetch * PREFETCH_GROWTH)
+        elif 2 * waiting >= now:
+            now = max(self.prefetch, now // 2)
+        if now != self.prefetch_now:
+            self.prefetch_now = now
+            self._inflight.set_capacity(self.concurrency + now)
+
+    async def loop(self, stop: asyncio.Event) -> None:
+        """Read until `stop` is set, giving the runs read to the runners."""
+        inflight = self._inflight
+        found = True
+        while not stop.is_set():
+            room = inflight.room()
+            if room < inflight.read_min and (inflight.outstanding or room <= 0):
+                await inflight.wait_for_room()
+                continue
+            if not found:  # the streams were empty: wait on all of them at once
+                plan = [(max(1, room // len(self.streams)), self.streams)]
+            else:
+                plan = self.plan(room)
+            block = READ_BLOCK_MS if not found else None
+            self._last_full_before = self._last_full
+            try:
+                if not self.groups_ready:
+                    await self.ensure_groups()
+                got = await self.read_streams(plan, block)
+                await self.refresh_if_due()
+            except RedisUnavailable as exc:
+                if "NOGROUP" in str(exc):  # streams gone (a restore, a flush): make them again
+                    self.groups_ready = False
+                log.warning("read_failed", error=str(exc))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), 0.5)
+                continue
+            self.learn(plan, got)
+            self.adapt(room, sum(len(ds) for _, _, ds in got))
+            if got:
+                deliveries = self.interleave(got)
+                self._keeper.hold(deliveries, time.monotonic())
+                self._runners.take(deliveries)
+            elif not found and self.store.is_cluster and len(self.streams) > 1:
+                # Reads of several Cluster streams do not block: pause between polls.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), CLUSTER_POLL_S)
+            found = bool(got)
