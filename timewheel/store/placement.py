@@ -14,9 +14,11 @@ primaries their hash tags map to, in the order of the consecutive shards from th
 so `n` shards sit on min(n, primaries) primaries and the first one is the hash's own.
 With the same topology the list for n is the first n of the list for any larger n.
 
-The record (fields of the tenant's JSON, both optional; a record without them has the
-default placement): `"shards": [..]`, the placement, and `"shards_used": [..]`, the
-union. `Placements` caches what it read for CACHE_TTL_S per process.
+The record (fields of the tenant's JSON, all optional; a record without them has the
+default placement): `"shards": [..]`, the placement, `"shards_used": [..]`, the union,
+and `"shards_before": [[..], ..]`, the lists it had before (the latest MAX_BEFORE), so
+an idempotency key's retry finds the task its first try made under an earlier list.
+`Placements` caches what it read for CACHE_TTL_S per process.
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ from timewheel.store.keys import Keys
 
 CACHE_TTL_S = 1.0
 """How old a placement a create or a read may use (as the tenant cache's)."""
+MAX_BEFORE = 16
+"""Earlier placements a tenant's record keeps for idempotent retries."""
 MAX_CACHED = 10_000
 """Most tenants whose placement one process keeps (the cache starts again past it)."""
 
@@ -53,10 +57,18 @@ class Placement:
 
     shards: tuple[int, ...]
     used: tuple[int, ...]
+    before: tuple[tuple[int, ...], ...] = ()
+    """The tenant's earlier placements, latest first."""
 
     def shard_for(self, token: str) -> int:
         """The shard of a new task or schedule: one of `shards`, chosen by its token."""
         return self.shards[zlib.crc32(token.encode()) % len(self.shards)]
+
+    def earlier_shards(self, token: str) -> list[int]:
+        """The shards an earlier placement gave this token, other than today's."""
+        pick = zlib.crc32(token.encode())
+        now = self.shard_for(token)
+        return list(dict.fromkeys(p[pick % len(p)] for p in self.before if p[pick % len(p)] != now))
 
 
 def default(tenant: str, settings: Settings) -> Placement:
@@ -80,7 +92,10 @@ def from_record(tenant: str, data: Mapping[str, Any] | None, settings: Settings)
         return base
     shards = _shard_list(data.get("shards"), settings.shards) or base.shards
     used = _shard_list(data.get("shards_used"), settings.shards)
-    return Placement(shards, tuple(dict.fromkeys([*used, *base.shards, *shards])))
+    raw_before = data.get("shards_before")
+    lists = raw_before if isinstance(raw_before, list) else []
+    before = tuple(b for b in (_shard_list(v, settings.shards) for v in lists) if b)
+    return Placement(shards, tuple(dict.fromkeys([*used, *base.shards, *shards])), before)
 
 
 def choose(
@@ -128,7 +143,11 @@ def changed(
     else:
         shards = choose(tenant, count, settings.shards, primaries(client, keys))
     used = list(dict.fromkeys([*before.used, *shards]))
-    return {"shards": list(shards), "shards_used": used}
+    earlier = before.before
+    if tuple(shards) != before.shards:
+        earlier = (before.shards, *earlier)
+    kept = [list(p) for p in dict.fromkeys(earlier) if p != tuple(shards)][:MAX_BEFORE]
+    return {"shards": list(shards), "shards_used": used, "shards_before": kept}
 
 
 class Placements:

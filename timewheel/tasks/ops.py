@@ -196,22 +196,18 @@ class TaskOps:
         tenant has used (index in `prepared` -> that task, as a duplicate's answer).
 
         A key's task id names a shard of the tenant's placement, so a retry sent after
-        the placement changed would compute another id: the shards the tenant used
-        before are looked at first: one round trip for a tenant that has used more than
-        one shard; for the others (the default spread) this costs nothing.
+        the placement changed would compute another id: the shards the tenant's earlier
+        placements gave the key are looked at first (one round trip, only for a tenant
+        whose placement changed; store/placement.py).
         """
         k = self.store.keys
         looks: list[tuple[int, str, int]] = []  # (index, task id, shard)
         for i, p in enumerate(prepared):
             if p.new.idempotency_key is None:
                 continue
-            placement = self.store.placements.get(p.new.tenant)
-            if len(placement.used) == 1:
-                continue
             token = p.task_id[3:]
-            for shard in placement.used:
-                if shard != p.shard:
-                    looks.append((i, ids.make_task_id(shard, token), shard))
+            for shard in self.store.placements.get(p.new.tenant).earlier_shards(token):
+                looks.append((i, ids.make_task_id(shard, token), shard))
         if not looks:
             return {}
         try:
