@@ -132,16 +132,16 @@ async def test_a_planner_behind_catches_up_and_no_shard_waits_behind_others(
         now = time.time() * 1000
 
         # Keeping up: one batch per pass, and the next pass starts where this one stopped.
-        await scheduler._plan_some(shards, now + 2_400)
+        await scheduler.planning.plan_some(shards, now + 2_400)
         first = {sid for sid, c in cursors.items() if await cursor(engine, sid) != c}
         assert len(first) == 2
-        await scheduler._plan_some(shards, now + 2_400)
+        await scheduler.planning.plan_some(shards, now + 2_400)
         second = {sid for sid, c in cursors.items() if await cursor(engine, sid) != c} - first
         assert len(second) == 2
         assert {int(sid[:3], 16) for sid in second}.isdisjoint({int(sid[:3], 16) for sid in first})
 
         # Behind (under half a horizon of runs left): batch after batch, every schedule.
-        await scheduler._plan_some(shards, now + 3_500)
+        await scheduler.planning.plan_some(shards, now + 3_500)
         assert all([await cursor(engine, sid) != c for sid, c in cursors.items()])
     finally:
         await engine.close()
