@@ -5,7 +5,8 @@ rewrites off so no fork runs during a measurement) is loaded with N pending task
 1000 tenants over 64 shards, 100-byte payloads, due uniformly over the next 7 days (far
 buckets, and the first horizon's worth in the near level after a promote). The records
 and wheel members are written directly, in the layout lua/task_create.lua writes (packed
-record in its body hash, member in its far bucket, the bucket in the wheel index), on a
+record in its body hash, member in its far bucket, the bucket in the wheel index, the
+tenant's usage counts), on a
 plain pipelined connection: 2-3 times faster than through the create script, and the
 audit reporting no finding checks that the layout is the real one. Then DISPATCHED
 (20,000) runs due now are created through the create script, promoted and ticked into
@@ -30,6 +31,8 @@ rounds without it wait as long. Writes audit-continuous.json.
 Run:  .venv/bin/python bench/audit.py                    (1,000,000 tasks)
       .venv/bin/python bench/audit.py --tasks 5000000    (about 1 GiB of Redis memory, 5 min)
       .venv/bin/python bench/audit.py --quick            (100,000 tasks)
+      .venv/bin/python bench/audit.py --quick --events --parallel 1 --parallel 1
+                                                         (without and with --events)
       .venv/bin/python bench/audit.py --continuous --quick (A/B, 100,000 pending)
 """
 
@@ -99,6 +102,7 @@ def load_commands(
         near: dict[str, list[str | int]] = {}
         due_index: dict[str, dict[str, int]] = {}
         index: dict[str, set[int]] = {}
+        usage: dict[str, list[int]] = {}  # lib/usage.lua: the runs of q:default, bytes
         for i in range(start, min(start + CHUNK, tasks)):
             tenant = tenants[i % TENANTS]
             shard = shard_of[tenant]
@@ -106,6 +110,9 @@ def load_commands(
             due = now_ms + 1 + rng.randrange(SPREAD_MS)
             body = bodies.setdefault(keys.body(shard, task_id), [])
             body += [keys.body_field(task_id), record(due, tenant, now_ms, payload_json(i))]
+            held = usage.setdefault(keys.usage(shard, tenant), [0, 0])
+            held[0] += 1
+            held[1] += len(payload_json(i))
             if due < promoted_until:  # wheel_place: the near level
                 near.setdefault(keys.near(shard, tenant), []).extend((due, task_id))
                 first = due_index.setdefault(keys.due(shard), {})
@@ -118,6 +125,9 @@ def load_commands(
         commands = [resp(("HSET", key, *fields)) for key, fields in bodies.items()]
         commands += [resp(("HSET", key, *fields)) for key, fields in buckets.items()]
         commands += [resp(("ZADD", key, *pairs)) for key, pairs in near.items()]
+        for key, (runs, size) in usage.items():
+            commands.append(resp(("HINCRBY", key, f"q:{QUEUE}", runs)))
+            commands.append(resp(("HINCRBY", key, "bytes", size)))
         for key, firsts in due_index.items():
             for tenant, due in firsts.items():
                 commands.append(resp(("ZADD", key, "LT", due, tenant)))
@@ -200,11 +210,14 @@ async def load(url: str, settings: Settings, tasks: int) -> dict[str, Any]:
         await engine.close()
 
 
-def run_audit(url: str, prefix: str, parallel: int) -> tuple[dict[str, Any], float, int, int]:
-    """`timewheel audit --json` as a child process: its report, wall time, peak RSS
-    (KiB) and exit status."""
+def run_audit(
+    url: str, prefix: str, parallel: int, events: bool
+) -> tuple[dict[str, Any], float, int, int]:
+    """`timewheel audit --json` (with `events`, --events) as a child process: its report,
+    wall time, peak RSS (KiB) and exit status."""
     env = {**os.environ, "TIMEWHEEL_PREFIX": prefix}
     command = [sys.executable, "-m", "timewheel.cli", "audit", "--redis-url", url, "--json"]
+    command += ["--events"] if events else []
     # No scheduler runs here: runs falling due and deliveries idling during the bench are
     # late by design, so the lateness thresholds are set past the bench's length.
     command += ["--parallel", str(parallel), "--log-level", "warning"]
@@ -222,14 +235,16 @@ def run_audit(url: str, prefix: str, parallel: int) -> tuple[dict[str, Any], flo
     return json.loads(out), wall, usage.ru_maxrss, proc.returncode
 
 
-async def measure(url: str, prefix: str, parallel: int) -> dict[str, Any]:
+async def measure(url: str, prefix: str, parallel: int, events: bool = False) -> dict[str, Any]:
     client = aioredis.Redis.from_url(url)
     try:
         await client.config_set("slowlog-log-slower-than", SLOW_US)
         await client.config_set("slowlog-max-len", 10_000)
         await client.slowlog_reset()
         cpu0, calls0 = await redis_cpu_s(client), await fcall_stats(client)
-        report, wall, rss_kib, status = await asyncio.to_thread(run_audit, url, prefix, parallel)
+        report, wall, rss_kib, status = await asyncio.to_thread(
+            run_audit, url, prefix, parallel, events
+        )
         cpu1, calls1 = await redis_cpu_s(client), await fcall_stats(client)
         slow: Any = await client.slowlog_get(10_000)
     finally:
@@ -245,6 +260,7 @@ async def measure(url: str, prefix: str, parallel: int) -> dict[str, Any]:
         slowest[op] = max(slowest.get(op, 0), x["duration"])
     return {
         "parallel": parallel,
+        "events": events,
         "exit_status": status,
         "findings": report["findings_total"],
         "counts": report["counts"],
@@ -422,6 +438,12 @@ def main() -> None:
     parser.add_argument("--parallel", type=int, action="append", help="audit runs (default 1, 4)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument(
+        "--events",
+        action="store_true",
+        help="each audit run without and with --events (event logs, usage fields), in turn; "
+        "writes audit-events.json",
+    )
+    parser.add_argument(
         "--continuous",
         action="store_true",
         help="the continuous auditor's effect on dispatch, interleaved A/B rounds",
@@ -441,6 +463,8 @@ def main() -> None:
         return
     tasks = 100_000 if args.quick else args.tasks
     runs = args.parallel or [1, 4]
+    if args.events and args.out == RESULTS:
+        args.out = RESULTS.with_name("audit-events.json")
     data_dir = Path(tempfile.mkdtemp(prefix="tw-bench-audit-"))
     server = RedisServer(
         data_dir, appendfsync="everysec", extra_config={"auto-aof-rewrite-percentage": "0"}
@@ -458,11 +482,13 @@ def main() -> None:
             flush=True,
         )
         results = []
-        for parallel in runs:
-            r = asyncio.run(measure(server.url, settings.prefix, parallel))
+        rounds = [(p, e) for p in runs for e in ((False, True) if args.events else (False,))]
+        for parallel, events in rounds:
+            r = asyncio.run(measure(server.url, settings.prefix, parallel, events))
             results.append(r)
             print(
-                f"audit --parallel {parallel}: {r['wall_seconds']} s wall, "
+                f"audit --parallel {parallel}{' --events' if events else ''}: "
+                f"{r['wall_seconds']} s wall, "
                 f"{r['records_per_s']:,} records/s ({r['records']:,} records, "
                 f"{r['members']:,} wheel members, {r['entries']:,} entries), Redis CPU "
                 f"{r['redis_cpu_seconds']} s ({r['redis_cpu_us_per_record']} us/record), "

@@ -10,16 +10,23 @@
   ARGV[4] now_ms override ('' = TIME)   ARGV[5] overdue_ms: a run still in the wheel this
           long after its due time is overdue   ARGV[6] bucket_ms   ARGV[7] scratch TTL ms
   ARGV[8] backlog ('1': the shard has more due than a tick takes, audit_shard)
+  ARGV[9] usage ('1': also count what the usage hashes count, and once every body hash is
+          read go on with the shard's schedules, SSCAN of tag..'schedules' from index 1024)
   Derived keys (same tag): t:<xy>, near:<tenant>, w:<bucket>, s:<sid> and the records of
-  its runs, lease, due, rates, tokens.
-  Returns: {index, cursor, examined, {key, runs, ...}, findings...}   the body hash and
-           HSCAN cursor to go on from (index 1024: every hash is read); per near level and
-           far bucket, the scheduled runs this call found in it (audit_near and audit_far
-           read member by member only a key whose size these counts do not explain);
+  its runs, lease, due, rates, tokens, schedules.
+  Returns: {index, cursor, examined, {key, n, ...}, findings...}   the body hash and
+           HSCAN cursor to go on from (index 1024: every hash is read; with usage, index
+           1024 is the schedules' SSCAN and 1025 the end); per near level and far bucket,
+           the scheduled runs this call found in it (audit_near and audit_far read member
+           by member only a key whose size these counts do not explain);
            findings 6 values each: kind, tenant, id, reason, detail, data
-           (timewheel/audit/calls.py). The per-key list also holds, under '#use:'..tenant,
-           the tenant's counted runs not finished (scheduled or dispatched, and counted:
-           lib/usage.lua usage_counted) this call found, for the usage check.
+           (timewheel/audit/calls.py). With usage the per-key list also holds what this
+           call found of each field of the usage hashes (lib/usage.lua):
+           '#uq:'..tenant..'|'..queue  counted runs not finished (scheduled or dispatched,
+                                       usage_counted) and schedules of the queue (q:<queue>)
+           '#us:'..tenant              schedules (schedules)
+           '#ub:'..tenant              payload bytes of those runs and schedules and of the
+                                       tenant's dead-lettered runs (bytes)
   Errors:  none.
   Checks per record: it decodes (record_corrupt); a scheduled run is in a level (the one
   its due time names is looked at first; audit_near finds a run in both); one due more
@@ -33,6 +40,7 @@ local meta_key, scratch_key = KEYS[1], KEYS[2]
 local index, cursor, limit = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
 local now_override, overdue_ms, bucket_ms = ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6])
 local scratch_ttl, backlog = ARGV[7], ARGV[8] == '1'
+local usage = ARGV[9] == '1'
 local tag = string.sub(meta_key, 1, -5)
 
 --!include lib/record.lua
@@ -45,13 +53,18 @@ local tag = string.sub(meta_key, 1, -5)
 local now = clock_shard_ms(meta_key, now_override)
 local promoted = wheel_promoted_until(meta_key)
 local ctx = audit_ctx(tag, now, backlog)
-local placed = {}  -- near level or far bucket -> runs of this call found there
+local placed = {}  -- near level or far bucket -> runs of this call found there;
+-- and with usage '#u?:' keys -> what this call found of a usage field (see the header)
 local out = { 0, '0', 0, {} }
 local wrote = false
 
 local function out_with(run_id, attempt)
   rcall('HSET', scratch_key, run_id, attempt)
   wrote = true
+end
+
+local function count(key, n)
+  placed[key] = (placed[key] or 0) + n
 end
 
 local function held_ok(sid)
@@ -70,9 +83,14 @@ local function check(run_id, raw)
     return
   end
   local state, tenant, due = r[R_STATE], r[R_TENANT], r[R_DUE]
-  if (state == ST_DISPATCHED or state == ST_SCHEDULED) and usage_counted(r) then
-    local ukey = '#use:' .. tenant
-    placed[ukey] = (placed[ukey] or 0) + 1
+  if usage then
+    local open = state == ST_DISPATCHED or state == ST_SCHEDULED
+    if open and usage_counted(r) then
+      count('#uq:' .. tenant .. '|' .. r[R_QUEUE], 1)
+      count('#ub:' .. tenant, #(r[R_PAYLOAD] or ''))
+    elseif state == ST_DEAD then
+      count('#ub:' .. tenant, #(r[R_PAYLOAD] or ''))
+    end
   end
   if state == ST_DISPATCHED then
     out_with(run_id, r[R_ATTEMPT])
@@ -113,6 +131,25 @@ while index < 1024 and examined < limit do
     index, cursor = index + 1, '0'
   else
     cursor = next_cursor
+  end
+end
+-- The schedules, for the usage check: each counts in its queue, in schedules and its
+-- payload in bytes (lua/schedule_create.lua).
+if usage and index == 1024 and examined < limit then
+  local reply = rcall('SSCAN', tag .. 'schedules', cursor, 'COUNT', limit - examined)
+  for _, sid in ipairs(reply[2]) do
+    local s = rcall('HMGET', schedule_key(tag, sid), 'tenant', 'queue', 'payload')
+    if s[1] then
+      count('#uq:' .. s[1] .. '|' .. (s[2] or ''), 1)
+      count('#us:' .. s[1], 1)
+      count('#ub:' .. s[1], #(s[3] or ''))
+    end
+  end
+  examined = examined + #reply[2]
+  if reply[1] == '0' then
+    index, cursor = 1025, '0'
+  else
+    cursor = reply[1]
   end
 end
 if wrote then

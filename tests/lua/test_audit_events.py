@@ -109,9 +109,8 @@ async def test_a_usage_count_its_records_do_not_give_is_found(engine: Engine) ->
     shard = engine.store.locate(ids["scheduled"])
     await engine.client.hincrby(engine.keys.usage(shard, "acme"), "q:default", 2)
     report = await audit(engine, NOW + 700, events=True)
-    assert [(f.kind, f.tenant, f.shard) for f in report.findings] == [
-        (Kind.USAGE_MISMATCH, "acme", shard)
+    assert [(f.kind, f.tenant, f.shard, f.id) for f in report.findings] == [
+        (Kind.USAGE_MISMATCH, "acme", shard, "q:default")
     ]
-    assert "counts 3 runs not finished" in report.findings[0].detail
-    assert "records hold 1" in report.findings[0].detail
+    assert "the records give 1, the hash counts 3" in report.findings[0].detail
     assert (await audit(engine, NOW + 700)).clean  # without --events: not checked

@@ -1,6 +1,7 @@
 """A clean deployment under load reports no finding at all: audits while the scheduler
 dispatches a herd, a worker acknowledges part of it and fails some for good, schedules
-fire every second and a rate-limited tenant waits on its tokens; and once more after."""
+fire every second and a rate-limited tenant waits on its tokens; and once more after. Both
+audits check the event logs and every usage field too."""
 
 from __future__ import annotations
 
@@ -44,10 +45,11 @@ async def test_a_busy_clean_deployment_has_no_finding(standalone_engine: Engine)
     # An executor that took deliveries of herd-1 and is still at work on them.
     busy = Worker(engine.store, HERD_TENANTS[1], "default", consumer="busy")
     async with running_scheduler(engine):  # a running deployment, then the load
-        await tenants.create_tenant("slow", Limits(dispatch_rate=20))
+        # 80 s of runs held back by their rate: they outlast both audits below
+        await tenants.create_tenant("slow", Limits(dispatch_rate=10))
         for _ in range(20):
             await engine.schedules.create(NewSchedule(tenant="cron", spec=ScheduleSpec(every_s=1)))
-        await engine.tasks.create_many([NewTask(tenant="slow", delay_ms=0) for _ in range(400)])
+        await engine.tasks.create_many([NewTask(tenant="slow", delay_ms=0) for _ in range(800)])
         for start in range(0, HERD, 2_000):
             await engine.tasks.create_many(
                 [
@@ -66,20 +68,23 @@ async def test_a_busy_clean_deployment_has_no_finding(standalone_engine: Engine)
             assert time.monotonic() < deadline, "the worker made no progress"
             await asyncio.sleep(0.05)
         assert await busy.read(count=200, block_ms=100)
-        during = await audit(engine, None)  # the worker and the scheduler at work
+        # With the event logs and usage counts too (what the continuous auditor checks).
+        during = await audit(engine, None, events=True)  # the worker and the scheduler at work
         assert during.clean, during.findings[:20]
         while worker.handled + worker.failed < 3_000:
             assert time.monotonic() < deadline, "the worker made no progress"
             await asyncio.sleep(0.05)
         stop.set()
         await asyncio.wait_for(working, 10)
-        after = await audit(engine, None)  # the scheduler still at work
+        after = await audit(engine, None, events=True)  # the scheduler still at work
         assert after.clean, after.findings[:20]
         slow_shard = engine.store.shards_of("slow")[0]
         held = await engine.client.zcard(engine.keys.near(slow_shard, "slow"))
     assert held > 0, "the rate-limited tenant had runs held back during the audit"
     assert await _dead_letters(engine) > 0
     assert 0 < worker.handled < HERD // 4
-    assert after.examined.records >= HERD + 400
+    assert after.examined.records >= HERD + 800
     assert after.examined.entries > HERD // 2
     assert not after.counts.get(Kind.OVERDUE)
+    assert not after.counts.get(Kind.USAGE_MISMATCH)
+    assert after.examined.events > 0

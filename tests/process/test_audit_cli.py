@@ -14,8 +14,10 @@ from typing import Any
 from timewheel.audit.findings import REPAIRS, Kind
 from timewheel.engine import Engine
 from timewheel.store.server import RedisServer
+from timewheel.tasks.model import NewTask
 from timewheel.testing.audit import Faults, break_deployment
 from timewheel.testing.settings import test_settings
+from timewheel.types import text
 
 CLI = [sys.executable, "-m", "timewheel.cli", "audit"]
 
@@ -68,7 +70,8 @@ def test_findings_exit_1_with_kinds_and_ids_and_json(redis_standalone: RedisServ
 def test_repair_then_a_clean_audit_exits_0(redis_standalone: RedisServer) -> None:
     url = redis_standalone.url
     prefix, faults = _broken(url, repairable_only=True)
-    assert {Kind(k) for k, _ in faults.expected} == set(REPAIRS)
+    # usage_mismatch is checked with --events only: test_usage_fields_found_and_repaired
+    assert {Kind(k) for k, _ in faults.expected} == set(REPAIRS) - {Kind.USAGE_MISMATCH}
     repaired = _audit(url, prefix, "--repair", "--json")
     assert repaired.returncode == 1, repaired.stderr  # it found what it then repaired
     report = json.loads(repaired.stdout)
@@ -77,6 +80,61 @@ def test_repair_then_a_clean_audit_exits_0(redis_standalone: RedisServer) -> Non
     }
     assert repaired.stderr.count("audit_repair") == len(faults.expected)
     clean = _audit(url, prefix)
+    assert clean.returncode == 0, clean.stdout + clean.stderr
+    assert "clean: no finding" in clean.stdout
+
+
+def _usage_broken(url: str) -> tuple[str, int, dict[str, int]]:
+    """Tasks of acme in two queues, then its q:mail count and its bytes count made wrong in
+    their shard: the prefix, the shard and the true counts."""
+    settings = test_settings(url)
+
+    async def make() -> tuple[int, dict[str, int]]:
+        engine = await Engine.connect(settings)
+        try:
+            made = [
+                await engine.tasks.create(
+                    NewTask("acme", queue=queue, payload_json='"p"', delay_ms=3_600_000)
+                )
+                for queue in ("mail", "mail", "sms")
+            ]
+            shard = engine.store.locate(made[0].task_id)
+            ukey = engine.keys.usage(shard, "acme")
+            raw: Any = await engine.client.hgetall(ukey)
+            held = {text(k): int(v) for k, v in raw.items()}
+            await engine.client.hincrby(ukey, "q:mail", 5)
+            await engine.client.hset(ukey, "bytes", 1)
+            return shard, held
+        finally:
+            await engine.close()
+
+    shard, held = asyncio.run(make())
+    return settings.prefix, shard, held
+
+
+def test_usage_fields_found_and_repaired(redis_url: str) -> None:
+    prefix, shard, held = _usage_broken(redis_url)
+    mail, size = held["q:mail"], held["bytes"]
+    assert mail > 0 and size > 1, held
+    run = _audit(redis_url, prefix, "--events", "--json")
+    assert run.returncode == 1, run.stderr
+    report: dict[str, Any] = json.loads(run.stdout)
+    assert sorted(
+        (f["kind"], f["shard"], f["tenant"], f["id"], f["detail"]) for f in report["findings"]
+    ) == [
+        ("usage_mismatch", shard, "acme", "bytes",
+         f"use:acme bytes: the records give {size}, the hash counts 1"),
+        ("usage_mismatch", shard, "acme", "q:mail",
+         f"use:acme q:mail: the records give {mail}, the hash counts {mail + 5}"),
+    ]  # fmt: skip
+    assert _audit(redis_url, prefix).returncode == 0  # without --events: not checked
+
+    repaired = _audit(redis_url, prefix, "--events", "--repair", "--json")
+    assert repaired.returncode == 1, repaired.stderr
+    assert json.loads(repaired.stdout)["repairs"] == {"usage_mismatch": {"repaired": 2}}
+    assert repaired.stderr.count("audit_repair") == 2
+    assert "lua/repair_usage.lua" in repaired.stderr
+    clean = _audit(redis_url, prefix, "--events")
     assert clean.returncode == 0, clean.stdout + clean.stderr
     assert "clean: no finding" in clean.stdout
 

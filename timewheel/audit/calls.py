@@ -19,13 +19,19 @@ from timewheel.store.shard import Call, Store, clock_arg
 from timewheel.types import text
 
 BODY_HASHES = 1024
-"""Body hashes per shard (t:<xy>, two id characters): audit_records is done at this index."""
+"""Body hashes per shard (t:<xy>, two id characters): audit_records is done at this index,
+or, counting usage, goes on there with the shard's schedules."""
+RECORDS_DONE_USAGE = BODY_HASHES + 1
+"""audit_records counting usage is done at this index (the schedules read too)."""
 MAX_BATCH = 500
 """Most records, entries or members one audit call reads (besides one listpack hash)."""
 MAX_KEYS_PER_CALL = 64
 """Most near levels or far buckets one audit call is given to read in turn."""
 DUE_TENANTS_READ = 1000
 """Most tenants of the due index audit_shard counts due runs for."""
+REPAIR_USAGE_EVENTS_READ = 10_000
+"""Most event-log entries after the records phase's start repair_usage reads to see that
+no event named the tenant; past that it refuses ('busy')."""
 REAPER_CONSUMER = "timewheel-audit"
 """The consumer repair_pending hands an entry to, for the reaper to take."""
 
@@ -179,6 +185,7 @@ class AuditCalls:
                 s.bucket_ms,
                 o.scratch_ttl_ms,
                 "1" if backlog else "0",
+                "1" if o.events else "0",
             ],
             _records(shard),
         )
@@ -301,3 +308,15 @@ class AuditCalls:
 
     def repair_plan(self, shard: int, sid: str) -> Call[tuple[int, str]]:
         return Call(self.scripts.repair_plan, [self.keys.schedule(shard, sid)], [sid], _code)
+
+    def repair_usage(
+        self, shard: int, tenant: str, field: str, expected: str, read: str, since: str
+    ) -> Call[tuple[int, str]]:
+        """Set `field` of the tenant's usage hash to `expected` if it still holds `read`
+        ('' = missing) and no event after `since` names the tenant."""
+        return Call(
+            self.scripts.repair_usage,
+            [self.keys.usage(shard, tenant), self.keys.events(shard)],
+            [tenant, field, expected, read, since, REPAIR_USAGE_EVENTS_READ],
+            _code,
+        )

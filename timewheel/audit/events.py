@@ -22,12 +22,11 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from timewheel.archive.events import event_rows
-from timewheel.audit.counts import open_runs
 from timewheel.audit.findings import Finding, Kind
 from timewheel.errors import RedisUnavailable
 from timewheel.store import record
 from timewheel.store.shard import Store
-from timewheel.types import TaskState
+from timewheel.types import TaskState, text
 
 ENTRIES_PER_SHARD = 1000
 """Newest event-log entries of a shard a pass reads."""
@@ -192,11 +191,24 @@ def _id(raw: bytes | str) -> str:
 
 # -- usage counts --------------------------------------------------------------------------
 
-USE_PREFIX = "#use:"
-"""audit_records' per-key list holds each tenant's counted runs not finished under this."""
 USAGE_EVENTS_READ = 10_000
 """Event-log entries after the records phase began that the usage check reads at most; a
 shard busier than that during its records phase is not checked this pass."""
+USAGE_FIELDS = ("schedules", "bytes")
+"""The fields of a usage hash besides q:<queue> (lua/lib/usage.lua)."""
+
+
+def usage_field(key: str) -> tuple[str, str] | None:
+    """(tenant, usage field) of one of audit_records' usage counts ('#uq:<tenant>|<queue>',
+    '#us:<tenant>', '#ub:<tenant>'), None for any other key of its per-key list."""
+    if key.startswith("#uq:"):
+        tenant, _, queue = key[4:].partition("|")
+        return tenant, "q:" + queue
+    if key.startswith("#us:"):
+        return key[4:], "schedules"
+    if key.startswith("#ub:"):
+        return key[4:], "bytes"
+    return None
 
 
 async def usage_mark(store: Store, shard: int) -> str:
@@ -208,13 +220,29 @@ async def usage_mark(store: Store, shard: int) -> str:
     return _id(newest[0][0]) if newest else "0-0"
 
 
+def _count(raw: str | None) -> int | None:
+    if raw is None:
+        return 0
+    try:
+        return int(raw)
+    except ValueError:
+        return None
+
+
 async def usage_findings(
-    store: Store, shard: int, since: str, tenants: list[str], found: dict[str, int]
+    store: Store,
+    shard: int,
+    since: str,
+    tenants: list[str],
+    found: dict[str, dict[str, int]],
 ) -> list[Finding]:
-    """Each tenant's usage hash against the counted runs not finished the records phase
-    found (`found`), for the tenants no event has named since `since` (the log's last
-    entry when the records phase began): every operation that changes a tenant's usage
-    names the tenant in its event, so for the others neither side moved meanwhile."""
+    """Each field of each tenant's usage hash (q:<queue>, schedules, bytes) against what
+    the records phase found (`found`: tenant -> field -> count), for the tenants no event
+    has named since `since` (the log's last entry when the records phase began): every
+    operation that changes a tenant's usage names the tenant in its event, so for the
+    others neither side moved meanwhile. One finding per field that differs: its id the
+    field, its data what lua/repair_usage.lua needs (field|expected|read|since, read being
+    the field's value as read, '' for none)."""
     if not tenants:
         return []
     keys, client = store.keys, store.client
@@ -235,17 +263,23 @@ async def usage_findings(
     for tenant, raw in zip(tenants, hashes, strict=True):
         if tenant in moved:
             continue
-        counted = open_runs(raw or {})
-        actual = found.get(tenant, 0)
-        if counted != actual:
+        held = {text(k): text(v) for k, v in (raw or {}).items()}
+        expected = found.get(tenant, {})
+        names = {f for f in held if f.startswith("q:") or f in USAGE_FIELDS} | set(expected)
+        for name in sorted(names):
+            read = held.get(name)
+            want = expected.get(name, 0)
+            if _count(read) == want:
+                continue
+            counted = "nothing" if read is None else read
             out.append(
                 Finding(
                     Kind.USAGE_MISMATCH,
                     shard,
                     tenant,
-                    "",
-                    f"use:{tenant} counts {counted} runs not finished (q:* less schedules), "
-                    f"the records hold {actual}",
+                    name,
+                    f"use:{tenant} {name}: the records give {want}, the hash counts {counted}",
+                    data=f"{name}|{want}|{read or ''}|{since}",
                 )
             )
     return out

@@ -84,7 +84,7 @@ SUMMARY: dict[Kind, str] = {
     Kind.RUN_LOST: "a run whose last event leaves it open but that has no record (--events)",
     Kind.EVENT_STATE_MISMATCH: "a record whose state is not what its last event says (--events)",
     Kind.ARCHIVE_RUN_LOST: "a run the archive holds open that Redis has no record of (--archive)",
-    Kind.USAGE_MISMATCH: "a tenant's count of runs not finished its records do not give (--events)",
+    Kind.USAGE_MISMATCH: "a field of a tenant's usage hash its records do not give (--events)",
     Kind.COUNT_MISMATCH: "a tenant's open runs: Redis's count is not the archive's (--counts)",
     Kind.ARCHIVER_BEHIND: "a shard's events not archived for longer than the threshold (--archive)",
 }
@@ -97,6 +97,7 @@ REPAIRS: dict[Kind, str] = {
     Kind.DELIVERED_NOT_PENDING: "handed back to the reaper (lua/repair_pending.lua)",
     Kind.GROUP_UNWATCHED: "added to the shard's groups set, as a worker does",
     Kind.SCHEDULE_UNINDEXED: "put back in its plan index (lua/repair_plan.lua)",
+    Kind.USAGE_MISMATCH: "set to what the records give, if unmoved (lua/repair_usage.lua)",
 }
 """The kinds `timewheel audit --repair` repairs, and how. Every other kind is reported
 only: its repair would delete something, or needs a person's judgement."""
@@ -113,7 +114,8 @@ class Finding:
     shard: int
     tenant: str
     id: str
-    """The run id (a schedule id, or a stream key, for the kinds about those)."""
+    """The run id (a schedule id, or a stream key, for the kinds about those; for
+    usage_mismatch the usage field)."""
     detail: str
     reason: str = ""
     """Why it is late, for the kinds that are about lateness (REASONS)."""

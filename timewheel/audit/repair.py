@@ -9,9 +9,12 @@ missing, through the same helpers the operations use, and deletes nothing.
   pending list, idle for its visibility timeout, so the reaper's next pass retries it.
 - group_unwatched: the group goes into the shard's groups set, as a worker adds it.
 - schedule_unindexed: lua/repair_plan.lua puts the schedule back in its plan index.
+- usage_mismatch: lua/repair_usage.lua sets the usage field to what the records gave,
+  if it still holds what the audit read and no event since the records phase began
+  names the tenant ('busy' when too many events came to tell).
 
-Every call checks, in Redis, that the run or schedule is still as the audit found it,
-and does nothing otherwise. Each repair is logged (`audit_repair`).
+Every call checks, in Redis, that the run, schedule or count is still as the audit found
+it, and does nothing otherwise. Each repair is logged (`audit_repair`).
 """
 
 from __future__ import annotations
@@ -27,6 +30,9 @@ from timewheel.errors import RedisUnavailable
 
 log = structlog.get_logger("timewheel.audit")
 
+BUSY = "busy"
+"""repair_usage's refusal when it cannot tell whether the tenant moved."""
+
 
 class Repairer:
     """Repairs the findings of a pass as they come."""
@@ -35,7 +41,8 @@ class Repairer:
         self.calls = calls
         self.store = calls.store
         self.outcomes: Counter[tuple[Kind, str]] = Counter()
-        """(kind, outcome) -> repairs: 'repaired', or 'unchanged' (it had moved on)."""
+        """(kind, outcome) -> repairs: 'repaired', 'unchanged' (it had moved on), or 'busy'
+        (usage_mismatch: too many events since the audit read to tell whether it moved)."""
 
     @staticmethod
     def repairable(finding: Finding) -> bool:
@@ -47,7 +54,7 @@ class Repairer:
         if finding.kind not in REPAIRS:
             return None
         done, note = await self._repair(finding)
-        outcome = "repaired" if done else "unchanged"
+        outcome = "repaired" if done else "busy" if note == BUSY else "unchanged"
         self.outcomes[(finding.kind, outcome)] += 1
         log.info(
             "audit_repair",
@@ -84,5 +91,11 @@ class Repairer:
             except (RedisError, OSError) as exc:
                 raise RedisUnavailable(f"cannot add {member} to the groups set: {exc}") from exc
             return bool(added), member
+        if f.kind is Kind.USAGE_MISMATCH:
+            field, expected, read, since = f.data.split("|", 3)
+            code, why = await run(c.repair_usage(f.shard, f.tenant, field, expected, read, since))
+            if code == 1:
+                return True, f"{field} set to {expected} (was {read or 'missing'})"
+            return False, why
         code, _ = await run(c.repair_plan(f.shard, f.id))
         return code == 1, ""

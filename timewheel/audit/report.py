@@ -64,8 +64,9 @@ def render(report: AuditReport, limit: int) -> str:
         lines.append(f"  {kind.value.ljust(width)}  {n:>9,}  {SUMMARY[kind]}{why}")
         if kind in report.repairs:
             done = report.repairs[kind]
+            busy = f", busy {done['busy']:,}" if done.get("busy") else ""
             lines.append(
                 f"  {''.ljust(width)}  {'':>9}  repaired {done.get('repaired', 0):,}"
-                f" ({REPAIRS[kind]}), unchanged {done.get('unchanged', 0):,}"
+                f" ({REPAIRS[kind]}), unchanged {done.get('unchanged', 0):,}{busy}"
             )
     return "\n".join(lines) + "\n"

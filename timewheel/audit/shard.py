@@ -5,7 +5,9 @@ Phases (docs/operations/auditing.md has what each checks):
 
 1. view: the shard clock, promoted_until, the lease, how much is due (audit_shard).
 2. records: every record of the 1,024 body hashes (audit_records). A run found out
-   (dispatched) goes to the pass's scratch hash in the shard.
+   (dispatched) goes to the pass's scratch hash in the shard. With AuditOptions.events
+   it also counts what each tenant's usage hash should hold, the schedules too, and ends
+   with the usage check (events.py).
 3. streams: every ready stream's entries (audit_stream), which take their runs off the
    scratch hash.
 4. confirm: what is left in the scratch hash (audit_confirm): out, and no entry.
@@ -32,8 +34,15 @@ from dataclasses import dataclass, fields
 from enum import StrEnum
 from typing import Any
 
-from timewheel.audit.calls import BODY_HASHES, MAX_KEYS_PER_CALL, AuditCalls, ShardView, Step
-from timewheel.audit.events import USE_PREFIX, EventCheck, usage_findings, usage_mark
+from timewheel.audit.calls import (
+    BODY_HASHES,
+    MAX_KEYS_PER_CALL,
+    RECORDS_DONE_USAGE,
+    AuditCalls,
+    ShardView,
+    Step,
+)
+from timewheel.audit.events import EventCheck, usage_field, usage_findings, usage_mark
 from timewheel.audit.findings import Finding, Kind
 from timewheel.audit.keyspace import ShardKeys
 from timewheel.schedules.model import spec_from_json
@@ -127,8 +136,8 @@ class ShardAudit:
         self._usage_tenants = keys.usage
         self._usage_from: str | None = None
         """The shard's last event-log entry when the records phase began (usage check)."""
-        self._open: dict[str, int] = {}
-        """tenant -> its counted runs not finished, as the records phase found them."""
+        self._usage: dict[str, dict[str, int]] = {}
+        """tenant -> usage field -> its count as the records phase found it."""
         self._placed: dict[str, int] = {}
         """Near level or far bucket -> the scheduled runs the records phase found in it."""
 
@@ -220,25 +229,28 @@ class ShardAudit:
         counts = self.calls.options.events
         if counts and self._usage_from is None:
             self._usage_from = await usage_mark(self.store, self.shard)
+        reading_records = at.index < BODY_HASHES
         call = self.calls.records(self.shard, self.scratch, at.index, at.cursor, self.backlog)
         step = await self.store.run(call)
         await self._found_all(step)
         for key, n in (step.placed or {}).items():
-            if key.startswith(USE_PREFIX):
-                tenant = key[len(USE_PREFIX) :]
-                self._open[tenant] = self._open.get(tenant, 0) + n
+            usage = usage_field(key)
+            if usage is not None:
+                fields = self._usage.setdefault(usage[0], {})
+                fields[usage[1]] = fields.get(usage[1], 0) + n
             else:
                 self._placed[key] = self._placed.get(key, 0) + n
-        self.examined.records += step.examined
+        if reading_records:  # past them, the schedules: counted by the schedules phase
+            self.examined.records += step.examined
         at.index, at.cursor = step.position, step.cursor
-        if at.index >= BODY_HASHES:
+        if at.index >= (RECORDS_DONE_USAGE if counts else BODY_HASHES):
             if counts and self._usage_from is not None:
-                tenants = sorted(set(self._usage_tenants) | set(self._open))
+                tenants = sorted(set(self._usage_tenants) | set(self._usage))
                 for finding in await usage_findings(
-                    self.store, self.shard, self._usage_from, tenants, self._open
+                    self.store, self.shard, self._usage_from, tenants, self._usage
                 ):
                     await self.sink(finding)
-            self._open = {}
+            self._usage = {}
             self._next_phase()
         return step.examined
 

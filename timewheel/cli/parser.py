@@ -169,7 +169,8 @@ def add_audit(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--events",
         action="store_true",
         help="also check the newest 1,000 entries of each shard's event log against the "
-        "records of the runs they name, and each tenant's usage counts against its records "
+        "records of the runs they name, and each field of each tenant's usage hash against "
+        "its records and schedules "
         "(run_lost, event_state_mismatch, usage_mismatch)",
     )
     p.add_argument(
@@ -189,7 +190,8 @@ def add_audit(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--repair",
         action="store_true",
         help="also repair what is safe to: put runs back in the wheel, hand lost deliveries "
-        "to the retry path, re-index schedules (nothing is deleted; each repair is logged)",
+        "to the retry path, re-index schedules, with --events set usage counts the records "
+        "give (no record, member or entry is deleted; each repair is logged)",
     )
     p.add_argument(
         "--parallel",

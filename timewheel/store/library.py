@@ -72,6 +72,7 @@ OPERATIONS = (
     "repair_retry",
     "repair_pending",
     "repair_plan",
+    "repair_usage",
     "audit_publish",
     "audit_archive",
 )
@@ -263,6 +264,7 @@ class Scripts:
     repair_retry: Script
     repair_pending: Script
     repair_plan: Script
+    repair_usage: Script
     audit_publish: Script
     audit_archive: Script
 
