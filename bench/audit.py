@@ -680,9 +680,16 @@ def _bound(alone: dict[str, Any], rounds: list[dict[str, Any]]) -> dict[str, Any
     # CPU seconds: the auditor's whole pass; the dispatch's a second
     cpu_pass = alone["redis_main_thread_cpu_s"] + alone["node_cpu_s"] + alone["postgres_cpu_s"]
     cpu_s = (cpu_us_run + node_us_run) * rate / 1e6
-    # In the drains with the auditor: its audit calls there x its Redis time a call alone
+    # In the drains with the auditor, its Redis time estimated two ways from the pass
+    # alone: the records it read there x its Redis time a record (all of it, streams,
+    # members and SCAN included), and its audit calls there x its time a call; the larger.
+    per_record = alone["redis_us"] / max(1, alone["examined"]["records"])
     in_drains = [
-        r["audit_calls_during_drain"] * alone["redis_us_per_audit_call"] / r["drain_seconds"]
+        max(
+            r["records_audited_during_drain"] * per_record,
+            r.get("audit_calls_during_drain", 0) * alone["redis_us_per_audit_call"],
+        )
+        / r["drain_seconds"]
         for r in rounds
         if r["auditor"]
     ]
