@@ -18,22 +18,37 @@ members it read, its peak RSS (getrusage of the child), and Redis's CPU
 (INFO cpu used_cpu_sys + used_cpu_user, before and after). Every audit call slower than
 2 ms lands in the SLOWLOG, whose longest entry is the longest single call.
 
---continuous instead measures the continuous auditor's effect on dispatch: on one server
-loaded with --tasks pending runs (as above), rounds without and with the auditor, in
-turn (A B, B A, ...), each on a fresh in-process scheduler node (a node id, leases, the
-auditor lease): --runs due runs drained (throughput), then --rate creates a second due
-1 s after their create for --seconds (lag = dispatched_ms - due_ms from the ready
-streams). With the auditor the node runs the defaults (a pass per 60 s, 1,000 a step,
-its first pass's steps 50 ms apart, canaries every 10 s), started --warmup seconds before
-the drain so that it is reading records, past its SCAN, while the node dispatches; the
-rounds without it wait as long. Writes audit-continuous.json.
+--continuous instead measures the continuous auditor's effect on dispatch, on one
+server loaded with --tasks pending runs (as above) and PostgreSQL configured (a DSN in
+the settings, so a pass ends with the archive and count checks; the archive is caught up
+before every round, untimed, as a running archiver keeps it):
+
+- the bound: one node's auditor alone (no scheduler) through its whole first pass,
+  every Redis command logged (SLOWLOG, threshold 0, drained in MULTI): its Redis time per
+  function and command, per record and per second, the node's CPU, Redis's and
+  PostgreSQL's; set against the dispatch's Redis time a second (FCALL usec a run x the
+  rate, rounds without the auditor). With dispatch bound by Redis, the auditor's share
+  of Redis's time bounds its throughput effect.
+- the measurement: --rounds pairs of rounds without and with the auditor, interleaved
+  (A B, B A, ...), each on a fresh scheduler node in this process (the auditor in the
+  same event loop and on the same connections as its ticks): --runs due runs loaded,
+  promoted and archived (untimed), the host gauge (bench/dispatch.py's: ns per Lua
+  redis.call), then with the auditor the node's auditor started and waited for until
+  its first pass reads records (the defaults: a pass per 60 s, 1,000 a step, a first
+  pass's steps 50 ms apart, canaries every 10 s); the node drains the runs
+  (throughput), then bench/dispatch.py's load generator, in a process of its own,
+  creates --rate a second (batched, through the create script) due 1 s after their
+  create for --seconds (lag = dispatched_ms - due_ms from the ready streams). Each pair
+  gives a ratio; the summary is the median of the pairs' ratios.
+
+Writes audit-continuous.json.
 
 Run:  .venv/bin/python bench/audit.py                    (1,000,000 tasks)
       .venv/bin/python bench/audit.py --tasks 5000000    (about 1 GiB of Redis memory, 5 min)
       .venv/bin/python bench/audit.py --quick            (100,000 tasks)
       .venv/bin/python bench/audit.py --quick --events --parallel 1 --parallel 1
                                                          (without and with --events)
-      .venv/bin/python bench/audit.py --continuous --quick (A/B, 100,000 pending)
+      .venv/bin/python bench/audit.py --continuous --quick (6 A/B pairs, 100,000 pending)
 """
 
 from __future__ import annotations
@@ -286,87 +301,351 @@ async def measure(url: str, prefix: str, parallel: int, events: bool = False) ->
 
 # -- the continuous auditor's effect on dispatch ------------------------------------------
 
+AUDIT_INTERVAL_MS = 60_000
+LEASE_TTL_MS = 10_000
+"""The bench nodes' lease TTL (the default is 2 s): on this shared host a node's first
+passes over the drained runs outlast 2 s and it loses every lease mid-drain, with or
+without the auditor, which would measure lease churn rather than the auditor."""
+WARM_TIMEOUT_S = 30.0
+DRAIN_TIMEOUT_S = 120.0
+SETTLE_S = 2.0
+SLOWLOG_ALL_LEN = 200_000
+"""SLOWLOG entries kept while the auditor runs alone (every command is logged)."""
+MAIN_THREAD_CPU = ("used_cpu_user_main_thread", "used_cpu_sys_main_thread")
 
-async def _node_round(
-    url: str, base: Settings, auditor: bool, args: argparse.Namespace, name: str
-) -> dict[str, Any]:
-    """One round on one scheduler node, in this process: `--runs` due runs drained
-    (throughput), then `--rate` creates a second due 1 s after their create for
-    `--seconds` (lag from the ready streams). With `auditor`, the node's continuous
-    auditor (the defaults: a pass per 60 s, 1,000 a step, canaries every 10 s) holds its
-    lease from `--warmup` seconds before the drain, so it is into its pass (past the
-    SCAN, reading records) while the node dispatches; without, the node waits as long."""
-    from dispatch import load_due
+
+def median(values: list[float]) -> float:
+    ordered = sorted(values)
+    n = len(ordered)
+    if not n:
+        return 0.0
+    mid = n // 2
+    return ordered[mid] if n % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+async def redis_gauges(client: aioredis.Redis) -> dict[str, float]:
+    """Redis main-thread CPU (s) and the FCALL calls and usec of INFO commandstats."""
+    cpu: dict[str, Any] = await client.info("cpu")
+    stats: dict[str, Any] = await client.info("commandstats")
+    fcall = stats.get("cmdstat_fcall") or {}
+    return {
+        "cpu_s": sum(float(cpu[k]) for k in MAIN_THREAD_CPU),
+        "fcall_calls": int(fcall.get("calls", 0)),
+        "fcall_usec": int(fcall.get("usec", 0)),
+    }
+
+
+def postgres_cpu_s(pid: int) -> float:
+    """CPU seconds of the postmaster `pid`, its live backends and those that ended."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        # fields[0] is the state (stat's 3rd field): ppid 1, utime 11, stime 12, cutime 13...
+        if int(stat.parent.name) == pid:
+            total += sum(int(f) for f in fields[11:15])
+        elif int(fields[1]) == pid:
+            total += int(fields[11]) + int(fields[12])
+    return total / tick
+
+
+async def archive_catch_up(settings: Settings) -> int:
+    """Archive every event-log entry not archived yet (untimed, between rounds), so the
+    auditor's archive and count checks read an archive as current as a running archiver
+    keeps it; returns the entries archived."""
+    from timewheel.archive import pg
+    from timewheel.archive.archiver import Archiver
+
+    engine = await Engine.connect(settings)
+    conn = await pg.connect(settings.postgres_dsn)
+    try:
+        archiver = Archiver(engine.store, conn)
+        await archiver.start()
+        total = 0
+        while count := await archiver.run_once():
+            total += count
+        return total
+    finally:
+        await conn.close()
+        await engine.close()
+
+
+def _auditor(engine: Engine, name: str) -> Any:
     from prometheus_client import CollectorRegistry
 
     from timewheel.audit.continuous import ContinuousAuditor
     from timewheel.dispatch.metrics import AuditorMetrics
-    from timewheel.dispatch.scheduler import Scheduler
 
-    settings = dataclasses.replace(base, audit_interval_ms=60_000)
+    metrics = AuditorMetrics(CollectorRegistry())
+    return ContinuousAuditor(engine.store, name, LEASE_TTL_MS, metrics, lambda: [name])
+
+
+def _pass_records(audit: Any) -> int:
+    """Records a pass has read: its finished shards' and the one in progress."""
+    if audit is None:
+        return 0
+    current = getattr(audit, "_current", None)
+    return int(audit.examined.records) + (0 if current is None else current.examined.records)
+
+
+def _pass_calls(audit: Any) -> int:
+    """Audit calls a pass has made: its finished shards' and the one in progress."""
+    if audit is None:
+        return 0
+    current = getattr(audit, "_current", None)
+    return int(audit.examined.calls) + (0 if current is None else current.examined.calls)
+
+
+def _records(duty: Any) -> int:
+    return 0 if duty is None else _pass_records(duty.current)
+
+
+class SlowlogTally:
+    """Every command's Redis time from the SLOWLOG (threshold 0), drained in MULTI
+    (SLOWLOG GET, SLOWLOG RESET) so none is lost between the two. Commands run inside a
+    function (client address '?:0') are inside their FCALL's time: tallied apart, not
+    added. The bench's own commands (INFO, SLOWLOG, CONFIG, MULTI, EXEC) are left out."""
+
+    BENCH = frozenset({"INFO", "SLOWLOG", "CONFIG", "MULTI", "EXEC"})
+
+    def __init__(self) -> None:
+        self.functions: dict[str, list[int]] = {}
+        self.commands: dict[str, list[int]] = {}
+        self.inner: dict[str, list[int]] = {}
+        self.cpu_s = 0.0
+        """This process's CPU spent draining (not the auditor's)."""
+
+    async def drain(self, client: aioredis.Redis) -> None:
+        cpu = time.process_time()
+        try:
+            await self._drain(client)
+        finally:
+            self.cpu_s += time.process_time() - cpu
+
+    async def _drain(self, client: aioredis.Redis) -> None:
+        pipe = client.pipeline(transaction=True)
+        pipe.slowlog_get(SLOWLOG_ALL_LEN)
+        pipe.slowlog_reset()
+        entries: Any = (await pipe.execute())[0]
+        for entry in entries:
+            words = entry["command"].split()
+            command = words[0].decode().upper()
+            if command in self.BENCH:
+                continue
+            if entry["client_address"] == b"?:0":
+                slot = self.inner.setdefault(command, [0, 0])
+            elif command == "FCALL":
+                slot = self.functions.setdefault(words[1].decode().split("_", 2)[-1], [0, 0])
+            else:
+                slot = self.commands.setdefault(command, [0, 0])
+            slot[0] += 1
+            slot[1] += int(entry["duration"])
+
+    def usec(self) -> int:
+        return sum(v[1] for v in [*self.functions.values(), *self.commands.values()])
+
+    @staticmethod
+    def table(tally: dict[str, list[int]]) -> dict[str, dict[str, int]]:
+        ranked = sorted(tally.items(), key=lambda kv: -kv[1][1])
+        return {k: {"calls": v[0], "usec": v[1]} for k, v in ranked}
+
+
+async def auditor_alone(settings: Settings, pg_pid: int, name: str) -> dict[str, Any]:
+    """The deterministic side: one node's auditor alone (no scheduler, nothing else on
+    Redis) through its whole first pass, every Redis command in the SLOWLOG (threshold
+    0), so that its Redis time is summed per function and command; its process's CPU
+    (this process does nothing else meanwhile), Redis's main-thread CPU and
+    PostgreSQL's."""
+    from dispatch import host_gauge
+
+    gauge = await host_gauge(settings.redis_url)
+    settings = dataclasses.replace(settings, audit_interval_ms=AUDIT_INTERVAL_MS)
     engine = await Engine.connect(settings)
     client: aioredis.Redis = engine.client  # type: ignore[assignment]
     stop = asyncio.Event()
-    duty: ContinuousAuditor | None = None
-    helpers: list[asyncio.Task[None]] = []
+    duty = _auditor(engine, name)
+    task = asyncio.create_task(duty.run(stop))
+    tally = SlowlogTally()
     try:
-        if auditor:
-            duty = ContinuousAuditor(
-                engine.store, name, 2000, AuditorMetrics(CollectorRegistry()), lambda: [name]
-            )
-            helpers.append(asyncio.create_task(duty.run(stop)))
-        warm_until = time.perf_counter() + args.warmup
+        deadline = time.monotonic() + 60
+        while duty.current is None:  # the lease, then START_DELAY_S
+            if task.done() or time.monotonic() > deadline:
+                raise SystemExit(f"the auditor did not start a pass: {task}")
+            await asyncio.sleep(0.005)
+        await client.config_set("slowlog-max-len", SLOWLOG_ALL_LEN)
+        await client.config_set("slowlog-log-slower-than", 0)
+        await client.slowlog_reset()
+        g0, pg0, cpu0 = await redis_gauges(client), postgres_cpu_s(pg_pid), time.process_time()
+        started = time.perf_counter()
+        audit = duty.current
+        while duty.passes < 1:
+            audit = duty.current or audit
+            if task.done() or time.perf_counter() - started > 300:
+                raise SystemExit(f"the auditor's first pass did not end: {task}")
+            await asyncio.sleep(0.25)
+            await tally.drain(client)
+        wall = time.perf_counter() - started
+        cpu1 = time.process_time() - tally.cpu_s
+        pg1, g1 = postgres_cpu_s(pg_pid), await redis_gauges(client)
+        await client.config_set("slowlog-log-slower-than", 10_000)
+        await tally.drain(client)
+    finally:
+        stop.set()
+        await asyncio.gather(task, return_exceptions=True)
+        await engine.close()
+    redis_us = tally.usec()
+    records = audit.examined.records
+    return {
+        "host_gauge": gauge,
+        "pass_seconds": round(wall, 2),
+        "examined": audit.examined.to_json(),
+        "redis_us": redis_us,
+        "redis_us_per_record": round(redis_us / max(1, records), 2),
+        "redis_us_per_audit_call": round(redis_us / max(1, audit.examined.calls)),
+        "redis_us_per_s_first_pass": round(redis_us / wall),
+        "redis_us_per_s_steady": round(redis_us / (AUDIT_INTERVAL_MS / 1000)),
+        "fcall_usec_commandstats": g1["fcall_usec"] - g0["fcall_usec"],
+        "fcall_usec_slowlog": sum(v[1] for v in tally.functions.values()),
+        "redis_main_thread_cpu_s": round(g1["cpu_s"] - g0["cpu_s"], 3),
+        "node_cpu_s": round(cpu1 - cpu0, 3),
+        "postgres_cpu_s": round(pg1 - pg0, 3),
+        "by_function": tally.table(tally.functions),
+        "by_command": tally.table(tally.commands),
+        "inside_functions": tally.table(tally.inner),
+    }
+
+
+async def _warm(duty: Any, task: asyncio.Task[None]) -> float:
+    """Wait until the auditor's first pass reads records (past the lease, START_DELAY_S
+    and the key SCAN); returns the seconds waited."""
+    started = time.perf_counter()
+    while _records(duty) == 0:
+        if task.done() or time.perf_counter() - started > WARM_TIMEOUT_S:
+            raise SystemExit(f"the auditor read no record in time: {task}")
+        await asyncio.sleep(0.01)
+    return time.perf_counter() - started
+
+
+async def _steady_lags(client: aioredis.Redis, phase_ms: int, created: set[str]) -> list[int]:
+    """dispatched_ms - due_ms of the steady phase's runs, from the ready streams."""
+    lags = []
+    async for raw in client.scan_iter(match="{tw:*}:q:*", count=1000):
+        entries: Any = await client.xrange(raw, min=str(phase_ms))
+        for _, f in entries:
+            if f[b"run_id"].decode() in created:
+                lags.append(int(f[b"dispatched_ms"]) - int(f[b"due_ms"]))
+    if len(lags) != len(created):
+        raise SystemExit(f"{len(created) - len(lags)} runs of the steady phase not dispatched")
+    return lags
+
+
+async def _node_round(
+    url: str, settings: Settings, auditor: bool, args: argparse.Namespace, name: str, work: Path
+) -> dict[str, Any]:
+    """One round on a fresh scheduler node in this process (the auditor, when on, in
+    the same event loop and on the same connections as its ticks, as `timewheel
+    scheduler` runs it): `--runs` due runs loaded and promoted and the archive caught
+    up (untimed), the host gauge, then with `auditor` the node's auditor started and
+    waited for until its first pass reads records; then the node's scheduler drains the
+    runs (throughput), and a load-generator process (bench/dispatch.py's, batched
+    creates through the create script) creates `--rate` a second due 1 s later for
+    `--seconds` (lag from the ready streams)."""
+    from dispatch import host_gauge, load_due, result_line, spawn, wait_process
+
+    from timewheel.dispatch.scheduler import Scheduler
+
+    node_settings = dataclasses.replace(settings, audit_interval_ms=AUDIT_INTERVAL_MS)
+    engine = await Engine.connect(node_settings)
+    client: aioredis.Redis = engine.client  # type: ignore[assignment]
+    stop = asyncio.Event()
+    duty: Any = None
+    helpers: list[asyncio.Task[None]] = []
+    load_log, ids_path = work / f"{name}-load.log", work / f"{name}-created.ids"
+    try:
         await load_due(engine, url, args.runs, 500)
         for shard in range(SHARDS):
             while (await engine.dispatch.promote(shard)).more:
                 pass
-        await asyncio.sleep(max(0.0, warm_until - time.perf_counter()))
-        read_before = 0 if duty is None or duty.current is None else duty.current.examined.records
-        scheduler = Scheduler(engine.store, node=name, lease_ttl_ms=2000)
-        scheduler.auditor = None  # the duty above is this node's auditor
+        archived = await archive_catch_up(settings)
+        gauge = await host_gauge(url)
+        warm_s = 0.0
+        if auditor:
+            duty = _auditor(engine, name)
+            helpers.append(asyncio.create_task(duty.run(stop)))
+            warm_s = await _warm(duty, helpers[0])
+        scheduler = Scheduler(engine.store, node=name, lease_ttl_ms=LEASE_TTL_MS)
+        scheduler.auditor = None  # `duty` above is this node's auditor
+        audit = None if duty is None else duty.current  # this pass, also once it ended
+
+        def read() -> int:
+            return _pass_records(audit)
+
+        g0, read0, cpu0 = await redis_gauges(client), read(), time.process_time()
+        calls0 = _pass_calls(audit)
         started = time.perf_counter()
         helpers.append(asyncio.create_task(scheduler.run(stop)))
         while scheduler.counters.dispatched < args.runs:
             await asyncio.sleep(0.005)
-            if helpers[-1].done() or time.perf_counter() - started > 120:
+            if helpers[-1].done() or time.perf_counter() - started > DRAIN_TIMEOUT_S:
                 raise SystemExit(f"dispatch did not finish: {helpers[-1]}")
         drained_s = time.perf_counter() - started
-        # the steady phase: its runs' entries are those after its start in the streams
+        cpu1, read1, g1 = time.process_time(), read(), await redis_gauges(client)
+        calls1 = _pass_calls(audit)
+        # the steady phase, its creates from another process
         phase_ms = int((await client.time())[0]) * 1000
-        per_batch = max(1, args.rate // 20)
-        deadline = time.perf_counter() + args.seconds
-        created: set[str] = set()
-        i = 0
-        while time.perf_counter() < deadline:
-            batch = [
-                NewTask(f"tenant-{(i + j) % TENANTS:04d}", delay_ms=1000, payload_json="1")
-                for j in range(per_batch)
-            ]
-            i += per_batch
-            created |= {c.task_id for c in await engine.tasks.create_many(batch)}
-            await asyncio.sleep(0.05)
-        await asyncio.sleep(2.0)
+        load = spawn(
+            [
+                "_load", "--url", url, "--rate", str(args.rate), "--seconds", str(args.seconds),
+                "--interval-ms", "10", "--ids", str(ids_path),
+            ],
+            load_log,
+        )  # fmt: skip
+        code = await wait_process(load, args.seconds + 60)
+        load_result = result_line(load_log)
+        if code != 0 or load_result is None:
+            raise SystemExit(f"load generator failed ({code}): {load_log.read_text()[-2000:]}")
+        await asyncio.sleep(SETTLE_S)
+        read2, calls2 = read(), _pass_calls(audit)
+        lost = sum(
+            sample.value
+            for metric in scheduler.metrics.lease_lost.collect()
+            for sample in metric.samples
+            if sample.name.endswith("_total")
+        )
         passes = 0 if duty is None else duty.passes
-        read = 0 if duty is None or duty.current is None else duty.current.examined.records
+        # a failed step begins a fresh pass: this round's pass is then not the current one
+        restarted = duty is not None and passes == 0 and duty.current is not audit
         stop.set()
         await asyncio.gather(*helpers)
-        lags = []
-        async for raw in client.scan_iter(match="{tw:*}:q:*", count=1000):
-            entries: Any = await client.xrange(raw, min=str(phase_ms))
-            for _, f in entries:
-                if f[b"run_id"].decode() in created:
-                    lags.append(int(f[b"dispatched_ms"]) - int(f[b"due_ms"]))
-        if len(lags) != len(created):
-            raise SystemExit(f"{len(created) - len(lags)} runs of the steady phase not dispatched")
+        lags = await _steady_lags(client, phase_ms, set(ids_path.read_text().split()))
+        fcall_us = g1["fcall_usec"] - g0["fcall_usec"]
         return {
             "auditor": auditor,
+            "host_gauge": gauge,
+            "archived_before": archived,
+            "auditor_warm_seconds": round(warm_s, 2),
+            "drain_seconds": round(drained_s, 3),
             "throughput_per_s": round(args.runs / drained_s),
+            "drain_fcall_us_per_run": round(fcall_us / args.runs, 2),
+            "drain_redis_cpu_us_per_run": round((g1["cpu_s"] - g0["cpu_s"]) * 1e6 / args.runs, 2),
+            "drain_node_cpu_us_per_run": round((cpu1 - cpu0) * 1e6 / args.runs, 2),
+            "drain_redis_fcall_share": round(fcall_us / 1e6 / drained_s, 3),
+            "records_audited_during_drain": read1 - read0,
+            "records_audited_during_steady": max(0, read2 - read1),
+            "audit_calls_during_drain": calls1 - calls0,
+            "audit_calls_during_steady": calls2 - calls1,
+            "audit_passes_done": passes,
+            "audit_pass_restarted": restarted,
+            "leases_lost": int(lost),
+            "load_achieved_per_s": load_result["achieved_per_s"],
+            "load_batch_ms_p99": load_result["batch_ms_p99"],
             "lag_runs": len(lags),
             "lag_p50_ms": percentile(lags, 50),
             "lag_p99_ms": percentile(lags, 99),
             "lag_max_ms": max(lags),
-            "audit_passes_done": passes,
-            "records_audited_during_round": max(0, read - read_before),
         }
     finally:
         stop.set()
@@ -374,43 +653,155 @@ async def _node_round(
         await engine.close()
 
 
+def _pairs(rounds: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each pair's rounds (A B or B A, next to each other in time) and their ratios."""
+    out = []
+    for i in range(0, len(rounds) - 1, 2):
+        a, b = sorted(rounds[i : i + 2], key=lambda r: r["auditor"])
+        out.append(
+            {
+                "pair": i // 2 + 1,
+                "order": "AB" if not rounds[i]["auditor"] else "BA",
+                "throughput_without": a["throughput_per_s"],
+                "throughput_with": b["throughput_per_s"],
+                "throughput_ratio": round(b["throughput_per_s"] / a["throughput_per_s"], 3),
+                "lag_p99_without_ms": a["lag_p99_ms"],
+                "lag_p99_with_ms": b["lag_p99_ms"],
+                "lag_p99_diff_ms": b["lag_p99_ms"] - a["lag_p99_ms"],
+                "lag_max_diff_ms": b["lag_max_ms"] - a["lag_max_ms"],
+                "host_gauge_ns": [
+                    a["host_gauge"]["redis_call_ns"],
+                    b["host_gauge"]["redis_call_ns"],
+                ],
+            }
+        )
+    return out
+
+
+def _bound(alone: dict[str, Any], rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """The auditor's Redis time a second against the dispatch's Redis time a second
+    (its FCALL usec a run x its rate, rounds without the auditor): with dispatch bound
+    by Redis, the auditor's share of Redis's time bounds its effect on throughput. The
+    same for the node's CPU, and for all the CPU of both (Redis, node, and PostgreSQL's
+    for the auditor), for a host whose cores are what bounds it."""
+    without = [r for r in rounds if not r["auditor"]]
+    us_run = median([r["drain_fcall_us_per_run"] for r in without])
+    cpu_us_run = median([r["drain_redis_cpu_us_per_run"] for r in without])
+    node_us_run = median([r["drain_node_cpu_us_per_run"] for r in without])
+    rate = median([r["throughput_per_s"] for r in without])
+    dispatch_us_s = us_run * rate
+    first, steady = alone["redis_us_per_s_first_pass"], alone["redis_us_per_s_steady"]
+    node_first = alone["node_cpu_s"] / alone["pass_seconds"] * 1e6
+    node_steady = alone["node_cpu_s"] / (AUDIT_INTERVAL_MS / 1000) * 1e6
+    # CPU seconds: the auditor's whole pass; the dispatch's a second
+    cpu_pass = alone["redis_main_thread_cpu_s"] + alone["node_cpu_s"] + alone["postgres_cpu_s"]
+    cpu_s = (cpu_us_run + node_us_run) * rate / 1e6
+    # In the drains with the auditor, its Redis time estimated two ways from the pass
+    # alone: the records it read there x its Redis time a record (all of it, streams,
+    # members and SCAN included), and its audit calls there x its time a call; the larger.
+    per_record = alone["redis_us"] / max(1, alone["examined"]["records"])
+    in_drains = [
+        max(
+            r["records_audited_during_drain"] * per_record,
+            r.get("audit_calls_during_drain", 0) * alone["redis_us_per_audit_call"],
+        )
+        / r["drain_seconds"]
+        for r in rounds
+        if r["auditor"]
+    ]
+    return {
+        "dispatch_fcall_us_per_run": us_run,
+        "dispatch_redis_cpu_us_per_run": cpu_us_run,
+        "dispatch_node_cpu_us_per_run": node_us_run,
+        "dispatch_rate_per_s": rate,
+        "dispatch_redis_us_per_s": round(dispatch_us_s),
+        "dispatch_node_cpu_us_per_s": round(node_us_run * rate),
+        "auditor_redis_us_per_s_first_pass": first,
+        "auditor_redis_us_per_s_steady": steady,
+        "auditor_node_cpu_us_per_s_first_pass": round(node_first),
+        "auditor_node_cpu_us_per_s_steady": round(node_steady),
+        "redis_share_first_pass_pct": round(100 * first / dispatch_us_s, 2),
+        "redis_share_steady_pct": round(100 * steady / dispatch_us_s, 2),
+        "node_cpu_share_first_pass_pct": round(100 * node_first / (node_us_run * rate), 2),
+        "node_cpu_share_steady_pct": round(100 * node_steady / (node_us_run * rate), 2),
+        "auditor_redis_us_per_s_in_drains_est": round(median(in_drains)),
+        "redis_share_in_drains_est_pct": round(100 * median(in_drains) / dispatch_us_s, 2),
+        "cpu_share_first_pass_pct": round(100 * cpu_pass / alone["pass_seconds"] / cpu_s, 2),
+        "cpu_share_steady_pct": round(100 * cpu_pass / (AUDIT_INTERVAL_MS / 1000) / cpu_s, 2),
+    }
+
+
 def continuous(args: argparse.Namespace) -> None:
-    """Interleaved rounds without and with the continuous auditor, on one server loaded
-    with `--tasks` pending runs for the auditor to read."""
+    """The auditor alone through one pass (its Redis time, deterministic), then
+    interleaved pairs of rounds without and with it (A B, B A, ...), on one server
+    loaded with `--tasks` pending runs, PostgreSQL configured."""
+    from timewheel.testing.postgres import PostgresServer
+
     data_dir = Path(tempfile.mkdtemp(prefix="tw-bench-audit-ab-"))
+    work = data_dir / "work"
+    work.mkdir()
     server = RedisServer(
-        data_dir, appendfsync="everysec", extra_config={"auto-aof-rewrite-percentage": "0"}
+        data_dir / "redis",
+        appendfsync="everysec",
+        extra_config={"auto-aof-rewrite-percentage": "0"},
     )
+    postgres = PostgresServer()
     rounds: list[dict[str, Any]] = []
     started = time.monotonic()
     try:
         server.start()
+        postgres.start()
+        dsn = postgres.create_database()
+        pg_pid = int((postgres.data / "postmaster.pid").read_text().split()[0])
         # The load's delivered entries must not come back through the reaper during a
         # round: an hour's visibility timeout.
-        settings = Settings(redis_url=server.url, shards=SHARDS, visibility_timeout_ms=3_600_000)
-        asyncio.run(load(server.url, settings, args.tasks))
+        settings = Settings(
+            redis_url=server.url,
+            shards=SHARDS,
+            visibility_timeout_ms=3_600_000,
+            postgres_dsn=dsn,
+        )
+        loaded = asyncio.run(load(server.url, settings, args.tasks))
+        loaded["archived"] = asyncio.run(archive_catch_up(settings))
+        print(json.dumps({"loaded": loaded}), flush=True)
+        alone = asyncio.run(auditor_alone(settings, pg_pid, "bench-alone"))
+        print(json.dumps({"auditor_alone": alone}), flush=True)
         for i in range(args.rounds):
             for auditor in (False, True) if i % 2 == 0 else (True, False):
                 r = asyncio.run(
-                    _node_round(server.url, settings, auditor, args, f"bench-{len(rounds)}")
+                    _node_round(server.url, settings, auditor, args, f"bench-{len(rounds)}", work)
                 )
                 rounds.append(r)
                 print(json.dumps(r), flush=True)
     finally:
         server.stop()
+        postgres.stop()
         shutil.rmtree(data_dir, ignore_errors=True)
 
-    def mean(key: str, auditor: bool) -> float:
-        values = [float(r[key]) for r in rounds if r["auditor"] is auditor]
-        return sum(values) / len(values)
-
-    summary = {
-        key: {"without": round(mean(key, False), 1), "with": round(mean(key, True), 1)}
-        for key in ("throughput_per_s", "lag_p50_ms", "lag_p99_ms", "lag_max_ms")
+    pairs = _pairs(rounds)
+    ratios = [p["throughput_ratio"] for p in pairs]
+    kinds = {"without": False, "with": True}
+    summary: dict[str, Any] = {
+        "throughput_ratio_median": round(median(ratios), 3),
+        "throughput_loss_pct_median": round(100 * (1 - median(ratios)), 1),
+        "throughput_ratio_range": [min(ratios), max(ratios)],
+        "pairs_with_loss_over_5_pct": sum(1 for x in ratios if x < 0.95),
+        "lag_p99_diff_ms_median": median([p["lag_p99_diff_ms"] for p in pairs]),
+        "lag_max_diff_ms_median": median([p["lag_max_diff_ms"] for p in pairs]),
+        **{
+            f"{key}_median": {
+                k: median([float(r[key]) for r in rounds if r["auditor"] is v])
+                for k, v in kinds.items()
+            }
+            for key in ("throughput_per_s", "lag_p50_ms", "lag_p99_ms", "lag_max_ms")
+        },
+        "host_gauge_redis_call_ns_range": [
+            min(r["host_gauge"]["redis_call_ns"] for r in rounds),
+            max(r["host_gauge"]["redis_call_ns"] for r in rounds),
+        ],
     }
-    loss = 1 - summary["throughput_per_s"]["with"] / summary["throughput_per_s"]["without"]
-    summary["throughput_loss_pct"] = {"with": round(100 * loss, 1), "without": 0.0}
-    print(json.dumps(summary, indent=1), flush=True)
+    bound = _bound(alone, rounds)
+    print(json.dumps({"pairs": pairs, "summary": summary, "bound": bound}, indent=1), flush=True)
     out = {
         "parameters": {
             "pending_tasks": args.tasks,
@@ -418,12 +809,17 @@ def continuous(args: argparse.Namespace) -> None:
             "runs_per_round": args.runs,
             "steady_rate_per_s": args.rate,
             "steady_seconds": args.seconds,
-            "warmup_seconds": args.warmup,
-            "rounds": len(rounds),
+            "pairs": args.rounds,
+            "audit_interval_ms": AUDIT_INTERVAL_MS,
             "appendfsync": "everysec",
+            "postgres": "configured (timewheel/testing/postgres.py, fsync off)",
             "seconds": round(time.monotonic() - started, 1),
         },
+        "load": loaded,
         "summary": summary,
+        "bound": bound,
+        "auditor_alone": alone,
+        "pairs": pairs,
         "rounds": rounds,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -448,11 +844,10 @@ def main() -> None:
         action="store_true",
         help="the continuous auditor's effect on dispatch, interleaved A/B rounds",
     )
-    parser.add_argument("--rounds", type=int, default=3, help="A/B pairs (--continuous)")
+    parser.add_argument("--rounds", type=int, default=6, help="A/B pairs (--continuous)")
     parser.add_argument("--runs", type=int, default=50_000, help="due runs drained per round")
-    parser.add_argument("--rate", type=int, default=500, help="steady creates per second")
-    parser.add_argument("--seconds", type=float, default=10.0, help="steady phase length")
-    parser.add_argument("--warmup", type=float, default=15.0, help="auditor start before drain")
+    parser.add_argument("--rate", type=int, default=5_000, help="steady creates per second")
+    parser.add_argument("--seconds", type=float, default=5.0, help="steady phase length")
     args = parser.parse_args()
     if args.continuous:
         if args.out == RESULTS:
