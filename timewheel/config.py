@@ -130,6 +130,12 @@ class Settings:
     """Records, entries, members and key names one step of the continuous auditor reads
     at most; steps are spread over the interval, so its share of Redis and of the node's
     CPU is about (what a pass reads) / interval."""
+    audit_max_share: float = 0.03
+    """The most of the time the continuous auditor's steps may take: after a step that
+    took t seconds it pauses at least t * (1 - share) / share, so its calls hold Redis
+    at most this share of the time whatever a pass costs (a pass longer than the
+    interval then runs slower, not harder). With dispatch bound by Redis this bounds the
+    audit's cost to dispatch throughput. In (0, 1]."""
     audit_archiver_behind_ms: int = 60_000
     """With an archive (postgres_dsn): how old the first event-log entry the archiver has
     not archived may be before the continuous auditor reports the shard archiver_behind
@@ -227,11 +233,7 @@ class Settings:
                 f"Setting 'archive_hard_cap' has value {self.archive_hard_cap}. "
                 f"Must be >= event_log_max ({self.event_log_max})."
             )
-        if not 0 < self.storage_guard_ratio <= 1:
-            raise ConfigError(
-                f"Setting 'storage_guard_ratio' has value {self.storage_guard_ratio}. "
-                "Must be in (0, 1]."
-            )
+        self._check_ratios()
         if self.tick_batch > 5000 or self.promote_batch > 5000:
             raise ConfigError("Settings 'tick_batch' and 'promote_batch' must be <= 5000.")
         if not self.prefix or any(c in self.prefix for c in "{}: "):
@@ -256,6 +258,13 @@ class Settings:
             if getattr(self, name) < least:
                 raise ConfigError(
                     f"Setting {name!r} has value {getattr(self, name)}. Must be >= {least}."
+                )
+
+    def _check_ratios(self) -> None:
+        for ratio in ("storage_guard_ratio", "audit_max_share"):
+            if not 0 < getattr(self, ratio) <= 1:
+                raise ConfigError(
+                    f"Setting {ratio!r} has value {getattr(self, ratio)}. Must be in (0, 1]."
                 )
 
     @classmethod

@@ -4,6 +4,9 @@ The node that holds the auditor lease (keys auditor_lease/auditor_meta, the scri
 shard lease with its fencing epoch, timewheel/dispatch/leases.py DutyLease) audits the
 deployment a step at a time (`AuditPass.step(audit_step_budget)`), spreading the steps
 so that a pass takes about 3/4 of `audit_interval_ms`, and starts a pass every interval.
+Whatever a pass costs, each step is followed by a pause long enough that the steps take
+at most `audit_max_share` of the time (share_pause): a deployment too large for its
+interval gets slower passes, never a busier Redis.
 A node that stops releases the lease, and the next lease round of another node takes it
 (one that dies: once its ttl ran out).
 
@@ -73,6 +76,13 @@ that has just started takes its shards, catches up on what is due and does what 
 starts with it first."""
 CANARY_POLL_S = 0.05
 """How often the canary streams are read while canaries are out."""
+
+
+def share_pause(step_s: float, share: float) -> float:
+    """The pause after a step that took `step_s` so that steps take at most `share` of
+    the time (a step's wall time: its Redis calls and their wait, so a slow Redis makes
+    the auditor slower too)."""
+    return max(0.0, step_s) * (1.0 - share) / share
 
 
 def _published(reply: list[Any]) -> bool:
@@ -151,7 +161,11 @@ class ContinuousAuditor:
         self._next_pass = 0.0
         self._next_canary = 0.0
         self._pause_s = FIRST_PAUSE_S
+        self._floor_s = 0.0
+        """The pause the last step's own time asks for (share_pause)."""
         self._steps = 0
+        self._work_s = 0.0
+        """What the current pass's steps took, pauses left out."""
         self._pass_started = 0.0
 
     @property
@@ -202,9 +216,15 @@ class ContinuousAuditor:
             self._pass_started = now
             self._next_pass = now + self.settings.audit_interval_ms / 1000.0
             self._steps = 0
+            self._work_s = 0.0
         audit = self.current
         self._steps += 1
-        if await audit.step(self.settings.audit_step_budget):
+        began = time.monotonic()
+        done = await audit.step(self.settings.audit_step_budget)
+        took = time.monotonic() - began
+        self._work_s += took
+        self._floor_s = share_pause(took, self.settings.audit_max_share)
+        if done:
             self.current = None
             await self._finish(audit)
 
@@ -216,8 +236,7 @@ class ContinuousAuditor:
             log.warning("audit_pass_slow", seconds=round(took, 3), interval_s=interval_s)
         # The next pass's steps are spread over PACE_SHARE of the interval (from this
         # pass's step count; what the steps themselves took is subtracted).
-        work_s = report.seconds - self._pause_s * max(0, self._steps - 1)
-        spare = interval_s * PACE_SHARE - max(0.0, work_s)
+        spare = interval_s * PACE_SHARE - self._work_s
         self._pause_s = min(MAX_PAUSE_S, max(MIN_PAUSE_S, spare / max(1, self._steps)))
         extra = self.canaries.check() if self.canaries is not None else []
         self.passes += 1
@@ -341,7 +360,8 @@ class ContinuousAuditor:
 
     def _wait_s(self) -> float:
         now = time.monotonic()
-        waits = [self._pause_s if self.current is not None else self._next_pass - now]
+        paused = max(self._pause_s, self._floor_s)
+        waits = [paused if self.current is not None else self._next_pass - now]
         if self.canaries is not None and self.settings.canary_interval_ms > 0:
             waits.append(self._next_canary - now)
             if self.canaries.waiting:
