@@ -156,13 +156,21 @@ class Held(Protocol):
 
 class _Cached:
     """A tenant's usage as read, plus this process's writes since (changed in place: a
-    create notes one); `by_shard` keeps each shard's runs not finished as read."""
+    create notes one); `by_shard` keeps each shard's runs not finished as read, and
+    `shards` the tenant's current shards (its placement) when it was read."""
 
-    __slots__ = ("by_shard", "bytes", "expires", "queues", "runs", "schedules")
+    __slots__ = ("by_shard", "bytes", "expires", "queues", "runs", "schedules", "shards")
 
-    def __init__(self, usage: Usage, expires: float, by_shard: Mapping[int, int] = NONE_BY_SHARD):
+    def __init__(
+        self,
+        usage: Usage,
+        expires: float,
+        by_shard: Mapping[int, int] = NONE_BY_SHARD,
+        shards: tuple[int, ...] = (),
+    ):
         self.expires = expires
         self.by_shard = by_shard
+        self.shards = shards
         self.runs, self.bytes, self.schedules = usage.runs, usage.bytes, usage.schedules
         self.queues: dict[str, int] = dict(usage.queues)
 
@@ -255,11 +263,13 @@ class Limiter:
         """What the tenant holds now, summed over its shards (one round trip)."""
         return (await self._read(tenant_id))[0]
 
-    async def _read(self, tenant_id: str) -> tuple[Usage, dict[int, int]]:
-        """What the tenant holds, and each shard's runs not finished."""
+    async def _read(self, tenant_id: str) -> tuple[Usage, dict[int, int], tuple[int, ...]]:
+        """What the tenant holds, each shard's runs not finished, and the tenant's
+        current shards as the read found them."""
         keys = self.store.keys
         try:
-            shards = await self.store.tenant_shards(tenant_id)
+            placement = await self.store.placements.load(tenant_id)
+            shards = list(placement.used)
             pipe = self.store.client.pipeline(transaction=False)
             for shard in shards:
                 pipe.hgetall(keys.usage(shard, tenant_id))
@@ -271,13 +281,19 @@ class Limiter:
             usage = Usage.from_hash(raw)
             by_shard[shard] = usage.runs
             total = total.plus(usage)
-        return total, by_shard
+        return total, by_shard, placement.shards
 
     async def usage(self, tenant_id: str) -> Held:
         """What the tenant holds, at most CACHE_TTL_S old plus this process's writes.
-        Concurrent callers share one read."""
+        Concurrent callers share one read. A read made under another placement than the
+        one this process knows now is read again (its caps would count shards that were
+        current then as older ones: `cap`)."""
         hit = self._cache.get(tenant_id)
-        if hit is not None and hit.expires > time.monotonic():
+        if (
+            hit is not None
+            and hit.expires > time.monotonic()
+            and hit.shards == self.store.placements.get(tenant_id).shards
+        ):
             return hit
         pending = self._reads.get(tenant_id)
         if pending is None:
@@ -287,8 +303,8 @@ class Limiter:
 
     async def _refresh(self, tenant_id: str) -> _Cached:
         try:
-            usage, by_shard = await self._read(tenant_id)
-            cached = _Cached(usage, time.monotonic() + CACHE_TTL_S, by_shard)
+            usage, by_shard, shards = await self._read(tenant_id)
+            cached = _Cached(usage, time.monotonic() + CACHE_TTL_S, by_shard, shards)
         finally:
             self._reads.pop(tenant_id, None)
         if len(self._cache) >= MAX_CACHED:
@@ -328,6 +344,10 @@ class Limiter:
         current = placement.shards
         if shard not in current:
             return None
+        if cached.shards != current:
+            # Read under another placement (it changed since the check): what shards that
+            # were current then held has grown since. Refuse until a read under this one.
+            return 0
         older = 0
         for used in placement.used:
             if used in current:
@@ -347,22 +367,26 @@ def split(room: int, held: Sequence[int]) -> list[int]:
     what each held when last read.
 
     Each shard's share is room / shards, the first ones taking one more for what does
-    not divide. A shard that holds more than its share (runs placed under an earlier,
-    smaller spread) gets its share, so it refuses until it is below it; what it holds
-    beyond is taken from the others' room, split over them the same way (never above
-    their shares). A held count read earlier is at least what such a shard holds now,
+    not divide. A shard that holds more than its cap (runs placed under an earlier,
+    smaller spread) keeps a cap it is past, so it refuses, and all it holds is taken
+    from the room of the others, split over them the same way (never above their
+    shares); until no shard left holds past its cap. So what the shards can come to
+    hold, each up to its cap or what it holds past it, is at most `room` (or what they
+    hold already). A held count read earlier is at least what such a shard holds now,
     since no create adds to a shard at or past its cap.
     """
     width = len(held)
     base, extra = divmod(room, width)
     shares = [base + (1 if i < extra else 0) for i in range(width)]
-    over = [i for i in range(width) if held[i] > shares[i]]
-    if not over or len(over) == width:
-        return shares
-    rest = [i for i in range(width) if held[i] <= shares[i]]
-    left = max(0, room - sum(held[i] for i in over))
-    base, extra = divmod(left, len(rest))
     caps = list(shares)
-    for k, i in enumerate(rest):
-        caps[i] = min(shares[i], base + (1 if k < extra else 0))
-    return caps
+    over: set[int] = set()
+    while True:
+        past = {i for i in range(width) if held[i] > caps[i]}
+        if past <= over or len(over | past) == width:
+            return caps
+        over |= past
+        rest = [i for i in range(width) if i not in over]
+        left = max(0, room - sum(held[i] for i in over))
+        base, extra = divmod(left, len(rest))
+        for k, i in enumerate(rest):
+            caps[i] = min(shares[i], base + (1 if k < extra else 0))
