@@ -17,9 +17,10 @@ sees what every process wrote up to a second ago plus its own writes: creates th
 several api processes at once can pass a limit by what they write within that second;
 within one process, by the creates in flight at the same moment.
 
-`max_pending` is also enforced where it cannot be passed: each create call carries a
-cap per tenant (`Limiter.cap`), the most runs not finished its shard may hold, and
-lua/task_create.lua refuses a run that would pass it (the same OverLimit). The caps of
+`max_pending` is also enforced where it cannot be passed: each call adding counted runs
+carries a cap per tenant (`Limiter.cap`), the most runs not finished its shard may hold,
+and lua/task_create.lua (schedule_add_runs.lua, dead_replay.lua) refuses what would pass
+it (the same OverLimit). The caps of
 a tenant's current shards share what its older shards (of an earlier spread) leave of
 max_pending: those only lose runs, so the count read from them, however old, is at
 least what they hold, and the caps of all shards add up to at most max_pending. With
@@ -332,9 +333,10 @@ class Limiter:
         What the tenant's older shards (out of its placement, from an earlier spread) held
         when last read is at least what they hold now: nothing adds to them but a trigger
         or backfill of a schedule that lives there, or a replay of a dead letter there,
-        which are uncapped. The rest of max_pending is split over the current shards
-        (`split`); so the caps add up to at most max_pending whatever each process read,
-        and with one shard the cap is all that is left.
+        which get no cap (None) and are checked against the cached count only. The rest
+        of max_pending is split over the current shards (`split`); so the caps add up to
+        at most max_pending whatever each process read, and with one shard the cap is all
+        that is left.
         """
         hit = self._effective.get(tenant_id)
         cached = self._cache.get(tenant_id)

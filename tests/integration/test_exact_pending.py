@@ -224,3 +224,24 @@ async def test_runs_left_in_older_shards_come_off_the_cap_of_the_current_one(
     [current] = resp.json()["shards"]
     assert {r.json()["id"][:3] for r in made} == {f"{current:03x}"}
     assert sum(await apps.held(name)) == 10
+
+
+async def test_triggers_and_backfills_the_caps_refuse_add_nothing(apps: Cluster) -> None:
+    """Runs asked for by hand count for max_pending: a process behind the others lets a
+    trigger or a backfill through its check, and the shard's cap refuses it whole."""
+    name, who = await apps.tenant(max_pending=3)
+    a, b = apps.clients[0], apps.clients[1]
+    made = await a.post("/v1/schedules", json={"every_s": 3600}, headers=who)
+    sid = made.json()["id"]
+    assert (await b.post(f"/v1/schedules/{sid}/trigger", headers=who)).status_code == 201
+    assert (await a.post("/v1/tasks", json={"delay": 600}, headers=who)).status_code == 201
+    # b saw 1 held: a backfill of 2 fire times fits its check, not the shard's cap of 3.
+    hours = {"from": "2026-01-01T00:00:00Z", "to": "2026-01-01T01:59:59.999Z"}  # 2 fires
+    refused = await b.post(f"/v1/schedules/{sid}/backfill", json=hours, headers=who)
+    assert_error(refused, 429, "over_limit", "max_pending")
+    assert await apps.held(name) == [2]
+    assert (await a.post("/v1/tasks", json={"delay": 600}, headers=who)).status_code == 201
+    # b still sees 1 held: one more trigger fits its check, not the cap.
+    again = await b.post(f"/v1/schedules/{sid}/trigger", headers=who)
+    assert_error(again, 429, "over_limit", "max_pending")
+    assert await apps.held(name) == [3]  # b's first trigger and a's two tasks
