@@ -10,7 +10,13 @@ Waiting for each fsync (appendfsync always) leaves the process idle about a mill
 per create, and a process woken that often on a busy host runs with cold caches: the
 same code costs less CPU with `--appendfsync no`, which shows the code path alone.
 
+With `--caps ab` the rounds alternate between creates without a cap and creates that
+carry the tenant's max_pending cap (the api's path: `Limiter.cap` in Python, the cap
+checked in lua/task_create.lua), and Redis's time per create (`INFO commandstats`,
+FCALL usec_per_call) is printed beside the caller's CPU: the cost of the exact limit.
+
 Run:  .venv/bin/python bench/engine_create.py                 (3 rounds of 5,000 creates)
+      .venv/bin/python bench/engine_create.py --caps ab --rounds 6   (A/B, interleaved)
       .venv/bin/python bench/engine_create.py --profile out.prof   (cProfile one round)
 """
 
@@ -27,27 +33,44 @@ from typing import Any
 
 from timewheel.config import Settings
 from timewheel.engine import Engine, NewTask
+from timewheel.limits import Limiter, Usage
 from timewheel.store.server import RedisServer
+from timewheel.tasks.ops import CapOf
+from timewheel.tenants import Limits, Tenant
 
 RESULTS = Path(__file__).resolve().parent / "results" / "engine_create.json"
 TARGET_US = 60.0
 PAYLOAD = '"' + "x" * 98 + '"'  # a JSON string of 100 bytes
 
 
-async def rounds(url: str, rounds: int, creates: int, profile: Path | None) -> list[Any]:
+async def fcall_us(engine: Engine) -> float:
+    """Redis's mean time per FCALL since the last CONFIG RESETSTAT."""
+    stats = await engine.client.info("commandstats")
+    return float(stats.get("cmdstat_fcall", {}).get("usec_per_call", 0.0))
+
+
+async def rounds(
+    url: str, rounds: int, creates: int, profile: Path | None, caps_mode: str
+) -> list[Any]:
     engine = await Engine.connect(Settings(redis_url=url))
     out: list[Any] = []
+    limiter = Limiter(engine.store)
+    tenant = Tenant("bench", Limits(max_pending=100_000_000), 0)
     try:
         new = NewTask(tenant="bench", payload_json=PAYLOAD, delay_ms=60_000)
+        await limiter.check(tenant, Usage(runs=1))  # reads the tenant's usage once
         for _ in range(200):  # warm up: the library loads, the guard reads INFO
-            await engine.tasks.create(new)
+            await engine.tasks.create(new, caps=limiter.cap)
         for r in range(rounds):
+            capped = caps_mode == "on" or (caps_mode == "ab" and r % 2 == 1)
+            caps: CapOf | None = limiter.cap if capped else None
             prof = cProfile.Profile() if profile is not None and r == 0 else None
+            await engine.client.config_resetstat()
             cpu, wall = time.process_time(), time.perf_counter()
             if prof is not None:
                 prof.enable()
             for _ in range(creates):
-                await engine.tasks.create(new)
+                await engine.tasks.create(new, caps=caps)
             if prof is not None:
                 prof.disable()
                 assert profile is not None
@@ -56,13 +79,17 @@ async def rounds(url: str, rounds: int, creates: int, profile: Path | None) -> l
             out.append(
                 {
                     "creates": creates,
+                    "caps": capped,
                     "cpu_us_per_create": round(cpu * 1e6 / creates, 1),
+                    "redis_us_per_create": round(await fcall_us(engine), 2),
                     "creates_per_s": round(creates / wall),
                     "profiled": prof is not None,
                 }
             )
             print(
-                f"round {r + 1}: {out[-1]['cpu_us_per_create']} us CPU per create, "
+                f"round {r + 1} ({'caps' if capped else 'no caps'}): "
+                f"{out[-1]['cpu_us_per_create']} us CPU per create, "
+                f"Redis {out[-1]['redis_us_per_create']} us per FCALL, "
                 f"{out[-1]['creates_per_s']:,} creates/s{' (profiled)' if prof else ''}",
                 flush=True,
             )
@@ -79,12 +106,18 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--appendfsync", default="always", choices=("always", "everysec", "no"))
     parser.add_argument("--uvloop", action="store_true", help="run on uvloop (as the api does)")
+    parser.add_argument(
+        "--caps",
+        default="off",
+        choices=("off", "on", "ab"),
+        help="creates carry the tenant's max_pending cap: never, always, every other round",
+    )
     args = parser.parse_args()
     with (
         tempfile.TemporaryDirectory(prefix="tw-bench-engine-") as tmp,
         RedisServer(Path(tmp) / "redis", appendfsync=args.appendfsync) as server,
     ):
-        main = rounds(server.url, args.rounds, args.creates, args.profile)
+        main = rounds(server.url, args.rounds, args.creates, args.profile, args.caps)
         if args.uvloop:
             import uvloop
 
@@ -95,13 +128,26 @@ def main() -> int:
     plain = [r["cpu_us_per_create"] for r in results if not r["profiled"]]
     best = min(plain) if plain else None
     print(f"best {best} us CPU per create; target <= {TARGET_US} us", flush=True)
-    out = {
+    out: dict[str, Any] = {
         "bench": "engine_create",
         "appendfsync": args.appendfsync,
         "loop": "uvloop" if args.uvloop else "asyncio",
+        "caps": args.caps,
         "target_cpu_us": TARGET_US,
         "best_cpu_us": best,
     }
+    for label, capped in (("no_caps", False), ("caps", True)):
+        rows = [r for r in results if r["caps"] is capped and not r["profiled"]]
+        if rows and args.caps == "ab":
+            out[label] = {
+                "cpu_us_per_create": sorted(r["cpu_us_per_create"] for r in rows),
+                "redis_us_per_create": sorted(r["redis_us_per_create"] for r in rows),
+            }
+            print(
+                f"{label}: CPU {out[label]['cpu_us_per_create']} us, "
+                f"Redis {out[label]['redis_us_per_create']} us per create",
+                flush=True,
+            )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({**out, "rounds": results}, indent=2) + "\n")
     return 0

@@ -208,7 +208,7 @@ async def load_wheel(url: str, layout: Layout, work: Workload, args: argparse.Na
         if args.loader == "engine":
             await _create_with_engine(engine, work, args.batch, args.inflight)
         else:
-            await load_raw(url, _create_raw(engine, work, args.batch))
+            await load_raw(url, _create_raw(engine, work, args.batch, args.caps))
     finally:
         await engine.close()
 
@@ -223,7 +223,14 @@ async def _create_with_engine(engine: Engine, work: Workload, batch: int, inflig
     await run_pipelined(batches(work.items(), batch), send, inflight)
 
 
-def _create_raw(engine: Engine, work: Workload, batch: int) -> Iterator[list[bytes]]:
+def _never_reached(tenant: str, shard: int) -> int:
+    """A max_pending cap no load reaches: the create calls check it (lua/task_create.lua)."""
+    return 1 << 50
+
+
+def _create_raw(
+    engine: Engine, work: Workload, batch: int, capped: bool = False
+) -> Iterator[list[bytes]]:
     """The FCALL calls Engine.create_many pipelines, same keys and arguments (built by
     Engine._prepare), as protocol bytes: the stored data is identical, and the load is
     not bound by redis-py's command packing (about 50 us a command on this machine)."""
@@ -232,7 +239,9 @@ def _create_raw(engine: Engine, work: Workload, batch: int) -> Iterator[list[byt
             NewTask(tenant=tenant, payload_json=payload, run_at_ms=due)
             for _, tenant, due, payload in chunk
         ]
-        calls = engine.tasks.create_calls([engine.tasks.prepare(new) for new in news])
+        calls = engine.tasks.create_calls(
+            [engine.tasks.prepare(new) for new in news], caps=_never_reached if capped else None
+        )
         yield [resp(("FCALL", c.script.function, len(c.keys), *c.keys, *c.args)) for c in calls]
 
 
@@ -532,6 +541,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="how ours is loaded: the task_create.lua calls Engine builds streamed through "
         "a plain pipelined connection (default, fast), or Engine.create_many (redis-py)",
     )
+    parser.add_argument(
+        "--caps",
+        action="store_true",
+        help="the raw loader's create calls carry a max_pending cap per tenant (never reached)",
+    )
     parser.add_argument("--batch", type=int, default=2000, help="tasks per pipeline")
     parser.add_argument("--inflight", type=int, default=3, help="engine pipelines in flight")
     parser.add_argument("--sample", type=int, default=3000, help="keys sampled per key class")
@@ -589,6 +603,7 @@ def main(argv: list[str] | None = None) -> int:
             "appendfsync": "everysec",
             "auto_aof_rewrite": "off",
             "loader": args.loader,
+            "caps": args.caps,
             "sample_keys_per_class": args.sample,
             "seconds": round(time.perf_counter() - started, 1),
         },

@@ -9,10 +9,15 @@
   ARGV[4] fire times for backfill, ascending, comma-separated   ARGV[5] bucket_ms
   ARGV[6] now_ms override ('' = TIME)   ARGV[7] event log cap   ARGV[8] wake channel
   ('' = none)   ARGV[9] shard number
+  ARGV[10] cap ('' or absent = none): the most counted runs not finished (lib/usage.lua,
+          usage_held) the shard may hold for the tenant after the call (its share of
+          max_pending: timewheel/limits.py); the runs to add are all added or all refused
   Derived keys (same tag): t:<xy>, near:<tenant>, due, w:<bucket>, wheel, use:<tenant>
   (runs asked for by hand count like tasks: q:<queue>, bytes; lib/usage.lua).
   Returns: {1, added, existing, first run id}   existing: run ids that were there already
            (a fire time that ran, or was backfilled, before: not run twice)
+           {3, held, cap}   refused: the runs not there yet would pass the cap (nothing
+                            written; held = the tenant's counted runs not finished here)
   Errors:  {-1} NOT_FOUND     no such schedule for this tenant
   Events:  a 'created' entry for the runs added (runs = 'id:tenant:queue:due_ms,...', as
            task_create writes), so the archive knows their tenant from the start, then
@@ -20,7 +25,7 @@
 local meta_key, skey, events_key = KEYS[1], KEYS[2], KEYS[3]
 local sid, tenant, origin, backfill_fires = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local bucket_ms, now_override, event_cap = tonumber(ARGV[5]), ARGV[6], ARGV[7]
-local wake_channel, shard = ARGV[8], ARGV[9]
+local wake_channel, shard, cap = ARGV[8], ARGV[9], tonumber(ARGV[10] or '')
 local tag = string.sub(meta_key, 1, -5)
 
 --!include lib/record.lua
@@ -45,6 +50,21 @@ if origin == 'manual' then
 else
   for _, fire in ipairs(schedule_fires(backfill_fires)) do
     runs[#runs + 1] = { sid .. '@' .. fire, fire }
+  end
+end
+if cap ~= nil then
+  local held = usage_held(usage_key(tag, tenant))
+  if held + #runs > cap then
+    -- Only the runs not there yet would count (a fire time backfilled before is not).
+    local new = 0
+    for _, run in ipairs(runs) do
+      if redis.call('HEXISTS', body_key(tag, run[1]), body_field(run[1])) == 0 then
+        new = new + 1
+      end
+    end
+    if new > 0 and held + new > cap then
+      return { 3, held, cap }
+    end
   end
 end
 local added, existing, wake, tally, created = 0, 0, 0, {}, {}

@@ -16,13 +16,22 @@ create that would pass a limit before it is written (OverLimit, HTTP 429). So a 
 sees what every process wrote up to a second ago plus its own writes: creates through
 several api processes at once can pass a limit by what they write within that second;
 within one process, by the creates in flight at the same moment.
+
+`max_pending` is also enforced where it cannot be passed: each call adding counted runs
+carries a cap per tenant (`Limiter.cap`), the most runs not finished its shard may hold,
+and lua/task_create.lua (schedule_add_runs.lua, dead_replay.lua) refuses what would pass
+it (the same OverLimit). The caps of
+a tenant's current shards share what its older shards (of an earlier spread) leave of
+max_pending: those only lose runs, so the count read from them, however old, is at
+least what they hold, and the caps of all shards add up to at most max_pending. With
+one shard the cap is max_pending less what older shards hold: the limit is exact.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, NamedTuple, Protocol
@@ -72,6 +81,7 @@ class Effective:
 
 
 NONE: Mapping[str, int] = MappingProxyType({})
+NONE_BY_SHARD: Mapping[int, int] = MappingProxyType({})
 
 
 class Usage(NamedTuple):
@@ -147,12 +157,21 @@ class Held(Protocol):
 
 class _Cached:
     """A tenant's usage as read, plus this process's writes since (changed in place: a
-    create notes one)."""
+    create notes one); `by_shard` keeps each shard's runs not finished as read, and
+    `shards` the tenant's current shards (its placement) when it was read."""
 
-    __slots__ = ("bytes", "expires", "queues", "runs", "schedules")
+    __slots__ = ("by_shard", "bytes", "expires", "queues", "runs", "schedules", "shards")
 
-    def __init__(self, usage: Usage, expires: float):
+    def __init__(
+        self,
+        usage: Usage,
+        expires: float,
+        by_shard: Mapping[int, int] = NONE_BY_SHARD,
+        shards: tuple[int, ...] = (),
+    ):
         self.expires = expires
+        self.by_shard = by_shard
+        self.shards = shards
         self.runs, self.bytes, self.schedules = usage.runs, usage.bytes, usage.schedules
         self.queues: dict[str, int] = dict(usage.queues)
 
@@ -243,24 +262,39 @@ class Limiter:
 
     async def read(self, tenant_id: str) -> Usage:
         """What the tenant holds now, summed over its shards (one round trip)."""
+        return (await self._read(tenant_id))[0]
+
+    async def _read(self, tenant_id: str) -> tuple[Usage, dict[int, int], tuple[int, ...]]:
+        """What the tenant holds, each shard's runs not finished, and the tenant's
+        current shards as the read found them."""
         keys = self.store.keys
         try:
+            placement = await self.store.placements.load(tenant_id)
+            shards = list(placement.used)
             pipe = self.store.client.pipeline(transaction=False)
-            for shard in await self.store.tenant_shards(tenant_id):
+            for shard in shards:
                 pipe.hgetall(keys.usage(shard, tenant_id))
             replies: list[Any] = await pipe.execute()
         except (RedisError, OSError) as exc:
             raise RedisUnavailable(f"cannot read the tenant's usage: {exc}") from exc
-        total = Usage()
-        for raw in replies:
-            total = total.plus(Usage.from_hash(raw))
-        return total
+        total, by_shard = Usage(), {}
+        for shard, raw in zip(shards, replies, strict=True):
+            usage = Usage.from_hash(raw)
+            by_shard[shard] = usage.runs
+            total = total.plus(usage)
+        return total, by_shard, placement.shards
 
     async def usage(self, tenant_id: str) -> Held:
         """What the tenant holds, at most CACHE_TTL_S old plus this process's writes.
-        Concurrent callers share one read."""
+        Concurrent callers share one read. A read made under another placement than the
+        one this process knows now is read again (its caps would count shards that were
+        current then as older ones: `cap`)."""
         hit = self._cache.get(tenant_id)
-        if hit is not None and hit.expires > time.monotonic():
+        if (
+            hit is not None
+            and hit.expires > time.monotonic()
+            and hit.shards == self.store.placements.get(tenant_id).shards
+        ):
             return hit
         pending = self._reads.get(tenant_id)
         if pending is None:
@@ -270,7 +304,8 @@ class Limiter:
 
     async def _refresh(self, tenant_id: str) -> _Cached:
         try:
-            cached = _Cached(await self.read(tenant_id), time.monotonic() + CACHE_TTL_S)
+            usage, by_shard, shards = await self._read(tenant_id)
+            cached = _Cached(usage, time.monotonic() + CACHE_TTL_S, by_shard, shards)
         finally:
             self._reads.pop(tenant_id, None)
         if len(self._cache) >= MAX_CACHED:
@@ -289,3 +324,71 @@ class Limiter:
         hit = self._cache.get(tenant_id)
         if hit is not None:
             hit.add(change)
+
+    def cap(self, tenant_id: str, shard: int) -> int | None:
+        """The most runs not finished of the tenant that `shard` may hold after a create
+        (lua/task_create.lua refuses a run past it), or None: no cap (a shard out of the
+        tenant's current placement, or a tenant no check has read).
+
+        What the tenant's older shards (out of its placement, from an earlier spread) held
+        when last read is at least what they hold now: nothing adds to them but a trigger
+        or backfill of a schedule that lives there, or a replay of a dead letter there,
+        which get no cap (None) and are checked against the cached count only. The rest
+        of max_pending is split over the current shards (`split`); so the caps add up to
+        at most max_pending whatever each process read, and with one shard the cap is all
+        that is left.
+        """
+        hit = self._effective.get(tenant_id)
+        cached = self._cache.get(tenant_id)
+        if hit is None or cached is None:
+            return None
+        placement = self.store.placements.get(tenant_id)
+        current = placement.shards
+        if shard not in current:
+            return None
+        if cached.shards != current:
+            # Read under another placement (it changed since the check): what shards that
+            # were current then held has grown since. Refuse until a read under this one.
+            return 0
+        older = 0
+        for used in placement.used:
+            if used in current:
+                continue
+            runs = cached.by_shard.get(used)
+            if runs is None:  # not read (a placement newer than the read): no cap
+                return None
+            older += runs
+        room = max(0, hit[1].max_pending - older)
+        if len(current) == 1:
+            return room
+        return split(room, [cached.by_shard.get(s, 0) for s in current])[current.index(shard)]
+
+
+def split(room: int, held: Sequence[int]) -> list[int]:
+    """The caps of a tenant's current shards (in placement order) sharing `room`, given
+    what each held when last read.
+
+    Each shard's share is room / shards, the first ones taking one more for what does
+    not divide. A shard that holds more than its cap (runs placed under an earlier,
+    smaller spread) keeps a cap it is past, so it refuses, and all it holds is taken
+    from the room of the others, split over them the same way (never above their
+    shares); until no shard left holds past its cap. So what the shards can come to
+    hold, each up to its cap or what it holds past it, is at most `room` (or what they
+    hold already). A held count read earlier is at least what such a shard holds now,
+    since no create adds to a shard at or past its cap.
+    """
+    width = len(held)
+    base, extra = divmod(room, width)
+    shares = [base + (1 if i < extra else 0) for i in range(width)]
+    caps = list(shares)
+    over: set[int] = set()
+    while True:
+        past = {i for i in range(width) if held[i] > caps[i]}
+        if past <= over or len(over | past) == width:
+            return caps
+        over |= past
+        rest = [i for i in range(width) if i not in over]
+        left = max(0, room - sum(held[i] for i in over))
+        base, extra = divmod(left, len(rest))
+        for k, i in enumerate(rest):
+            caps[i] = min(shares[i], base + (1 if k < extra else 0))

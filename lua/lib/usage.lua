@@ -27,6 +27,9 @@
 --       {tenant -> {bytes, queues}} (a call creating or finishing many runs adds once per
 --       tenant and queue).
 --   usage_flush(tag, tally)   add up a tally in shard `tag`.
+--   usage_held(ukey) -> n   the tenant's counted runs not finished in this shard (the
+--       q:* counts less schedules), what a create's cap (task_create.lua,
+--       schedule_add_runs.lua) is checked against: one HGETALL of a hash of a few fields.
 --
 -- A count never goes below 0 (so taking away n at once leaves what n single steps would): a deployment upgraded from a version without these counts
 -- finishes runs it never counted, so the counts may be short until those runs are gone.
@@ -81,4 +84,18 @@ local function usage_flush(tag, tally)
       usage_add(ukey, 'q:' .. queue, n)
     end
   end
+end
+
+local function usage_held(ukey)
+  local raw = redis.call('HGETALL', ukey)
+  local n = 0
+  for i = 1, #raw, 2 do
+    local field = raw[i]
+    if string.sub(field, 1, 2) == 'q:' then
+      n = n + tonumber(raw[i + 1])
+    elseif field == 'schedules' then
+      n = n - tonumber(raw[i + 1])
+    end
+  end
+  return math.max(n, 0)
 end

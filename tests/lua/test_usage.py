@@ -7,9 +7,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
+
 from timewheel import ids
 from timewheel.archive.replay import RestoredRun
 from timewheel.engine import Engine
+from timewheel.errors import OverLimit
 from timewheel.runs import dead_letters as deadletters
 from timewheel.schedules.model import ScheduleChanges
 from timewheel.tasks.model import NewTask
@@ -89,6 +92,27 @@ async def test_a_dead_letter_keeps_its_bytes_until_purged_and_replay_counts_agai
     await engine.outcomes.fail(again, GROUP, "boom", permanent=True, now_ms=NOW + 2_000_100)
     await deadletters.purge(engine.store, "acme", made.task_id)
     assert await held(engine, "acme") == {}
+
+
+async def test_a_replay_past_its_shards_cap_is_refused_and_stays_a_dead_letter(
+    engine: Engine,
+) -> None:
+    made = await engine.tasks.create(task("a", '"dead"', run_at_ms=NOW + 100), now_ms=NOW)
+    await prime(engine, NOW)
+    await tick_all(engine, NOW + 1000)
+    [d] = await all_deliveries(engine)
+    await engine.outcomes.fail(d, GROUP, "boom", permanent=True, now_ms=NOW + 1100)
+    await engine.tasks.create(task("a", '"x"', run_at_ms=NOW + 600_000), now_ms=NOW)
+    before = await held(engine, "acme")
+    assert before == {"runs": 1, "bytes": 9, "q:a": 1}
+    with pytest.raises(OverLimit) as refused:
+        await deadletters.replay(engine.store, "acme", made.task_id, caps=lambda t, s: 1)
+    assert refused.value.field == "max_pending"
+    assert await held(engine, "acme") == before
+    [dead], _ = await deadletters.list_dead(engine.store, "acme")
+    assert dead.run_id == made.task_id
+    await deadletters.replay(engine.store, "acme", made.task_id, caps=lambda t, s: 2)
+    assert await held(engine, "acme") == {"runs": 2, "bytes": 9, "q:a": 2}
 
 
 async def test_a_run_expired_before_it_was_sent_stops_counting(engine: Engine) -> None:

@@ -12,7 +12,7 @@ from croniter import croniter
 
 from timewheel.config import Settings
 from timewheel.errors import ConfigError
-from timewheel.limits import Effective, Usage, over, runs_of
+from timewheel.limits import Effective, Usage, over, runs_of, split
 from timewheel.schedules.interval import shortest_interval_s
 from timewheel.schedules.spec import ScheduleSpec
 from timewheel.store.guard import reading_of
@@ -105,3 +105,19 @@ def test_the_storage_guard_reads_used_memory_as_maxmemory_does() -> None:
     assert (unbounded.ceiling_bytes, unbounded.full) == (0, False)
     own_only = reading_of("n", {**info, "maxmemory": 0}, Settings(storage_max_bytes=2000))
     assert (own_only.ceiling_bytes, own_only.full) == (2000, False)
+
+
+def test_a_split_shares_the_room_and_never_adds_up_past_it() -> None:
+    assert split(10, [0, 0, 0, 0]) == [3, 3, 2, 2]
+    assert split(0, [0, 0]) == [0, 0]
+    # A shard past its share (runs from a smaller spread) keeps its share, so it refuses,
+    # and what it holds past it comes off the others.
+    assert split(12, [4, 0, 0, 0]) == [3, 3, 3, 2]
+    assert split(12, [0, 0, 0, 9]) == [1, 1, 1, 3]
+    for room in range(0, 30):
+        for held in itertools.product(range(0, 12), repeat=3):
+            caps = split(room, list(held))
+            shares = split(room, [0, 0, 0])
+            assert all(c <= s for c, s in zip(caps, shares, strict=True))
+            # What the shards can come to hold: each up to its cap, or what it holds past it.
+            assert sum(max(c, h) for c, h in zip(caps, held, strict=True)) <= max(room, sum(held))

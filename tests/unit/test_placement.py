@@ -51,3 +51,14 @@ def test_changing_the_spread_keeps_every_shard_used_in_first_use_order() -> None
     assert data["shards"] == four and data["shards_used"] == four
     data.update(placement.changed("acme", data, None, SETTINGS, client=None))
     assert data["shards"] == four[:1] and data["shards_used"] == four
+
+
+def test_a_batch_of_tokens_takes_turns_over_the_shards() -> None:
+    spread = placement.Placement((5, 6, 7, 8), (5, 6, 7, 8))
+    for count in (1, 3, 4, 10, 41):
+        tokens = spread.spread_tokens(count, ids.new_token)
+        shards = [spread.shard_for(t) for t in tokens]
+        per = [shards.count(s) for s in spread.shards]
+        assert len(tokens) == count == sum(per) and max(per) - min(per) <= 1
+    one = placement.Placement((3,), (3,))
+    assert {one.shard_for(t) for t in one.spread_tokens(5, ids.new_token)} == {3}

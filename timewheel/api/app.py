@@ -79,8 +79,8 @@ def create_app(
 
     def attach(app: Starlette, eng: Engine) -> None:
         app.state.engine = eng
-        app.state.creates = CreateCoalescer(eng.tasks)
-        app.state.limiter = Limiter(eng.store)
+        app.state.limiter = limiter = Limiter(eng.store)
+        app.state.creates = CreateCoalescer(eng.tasks, caps=limiter.cap)
         app.state.tenant_store = TenantStore(
             eng.client,
             eng.keys,

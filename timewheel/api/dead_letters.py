@@ -86,7 +86,7 @@ async def replay_dead_letter(call: Call) -> Response:
     run_id = call.path["run_id"]
     tenant, limiter = await call.tenant(), limiter_of(call)
     await limiter.check(tenant, Usage(runs=1))
-    due_ms = await deadletters.replay(call.engine.store, tenant.id, run_id)
+    due_ms = await deadletters.replay(call.engine.store, tenant.id, run_id, caps=limiter.cap)
     limiter.note(tenant.id, Usage(runs=1))
     return JSONResponse({"run_id": run_id, "state": "scheduled", "run_at": ms_to_rfc3339(due_ms)})
 

@@ -152,7 +152,9 @@ async def trigger_schedule(call: Call) -> Response:
         added = _runs_of(schedule, n)
         await limiter.check(tenant, added)
 
-    run_id = await call.engine.schedules.trigger(tenant.id, call.path["schedule_id"], admit=admit)
+    run_id = await call.engine.schedules.trigger(
+        tenant.id, call.path["schedule_id"], admit=admit, caps=limiter.cap
+    )
     limiter.note(tenant.id, added)
     return JSONResponse({"run_id": run_id, "state": "scheduled"}, status_code=201)
 
@@ -168,7 +170,7 @@ async def backfill_schedule(call: Call) -> Response:
         await limiter.check(tenant, _runs_of(schedule, n))
 
     added, existing = await call.engine.schedules.backfill(
-        tenant.id, sid, ms(data.from_), ms(data.to), admit=admit
+        tenant.id, sid, ms(data.from_), ms(data.to), admit=admit, caps=limiter.cap
     )
     if found:
         limiter.note(tenant.id, _runs_of(found[0], added))

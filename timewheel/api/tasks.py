@@ -151,7 +151,14 @@ async def create_batch(call: Call) -> Response:
     """Up to MAX_BATCH creates; each item is decoded and answers on its own (status, task
     or error; an item's error names its field within the item), except that a batch that
     would pass a limit of the tenant (429) or meets the storage guard (507) is refused as
-    a whole, with nothing written."""
+    a whole, with nothing written.
+
+    Each create call checks the tenant's cap in its shard for all of its items at once
+    (lua/task_create.lua, 'all'): a batch whose items go in one call is created or
+    refused whole. One spread over several calls (past CREATE_CHUNK items in a shard, or
+    a tenant over several shards) that another process filled the limit under since the
+    check can have some calls refused and others not: it then answers 200, each refused
+    item with its own 429 (over_limit, max_pending), and nothing of those was written."""
     engine, tenant, limiter = call.engine, await call.tenant(), limiter_of(call)
     items = call.body(schemas.TaskBatch).tasks
     results: list[object] = [None] * len(items)
@@ -172,11 +179,25 @@ async def create_batch(call: Call) -> Response:
     await limiter.check(
         tenant, runs_of([new.payload_json for _, new in valid], [new.queue for _, new in valid])
     )
-    created = await engine.tasks.create_many([new for _, new in valid]) if valid else []
-    made = [new for (_, new), res in zip(valid, created, strict=True) if res.created]
+    outcomes = (
+        await engine.tasks.create_checked([new for _, new in valid], caps=limiter.cap, whole=True)
+        if valid
+        else []
+    )
+    made = [
+        new
+        for (_, new), res in zip(valid, outcomes, strict=True)
+        if not isinstance(res, OverLimit) and res.created
+    ]
+    refused = [res for res in outcomes if isinstance(res, OverLimit)]
+    if refused and not made:
+        raise refused[0]  # nothing was written: the batch is refused whole
     limiter.note(tenant.id, runs_of([n.payload_json for n in made], [n.queue for n in made]))
-    for (i, _), res in zip(valid, created, strict=True):
-        results[i] = {"status": 201 if res.created else 200, "task": created_json(res.task)}
+    for (i, _), res in zip(valid, outcomes, strict=True):
+        if isinstance(res, OverLimit):
+            results[i] = {"status": status_of(res), "error": error_body(res)}
+        else:
+            results[i] = {"status": 201 if res.created else 200, "task": created_json(res.task)}
     return JSONBytes(json_bytes({"results": results}))
 
 

@@ -33,7 +33,7 @@ from timewheel.runs.delivery import Delivery, parse_entry
 from timewheel.runs.outcomes import Outcomes
 from timewheel.store.shard import Store
 from timewheel.tasks.model import NewTask
-from timewheel.tasks.ops import PreparedCreate, TaskOps
+from timewheel.tasks.ops import PreparedCreate, TaskOps, result_of
 from timewheel.types import ms_to_rfc3339
 
 CANARY_QUEUE = "canary"
@@ -129,8 +129,8 @@ class Canaries:
             return 0
         deadline = self.settings.canary_deadline_ms
         for chunk in await self.store.run_many(self.tasks.create_calls(prepared)):
-            for p, result in chunk:
-                due = result.due_ms
+            for p, outcome in chunk:
+                due = result_of(outcome).due_ms
                 self.waiting[p.task_id] = Canary(p.task_id, p.shard, due, due + deadline)
         self.sent += len(prepared)
         return len(prepared)

@@ -10,6 +10,7 @@ from redis.exceptions import RedisError
 from timewheel.errors import RedisUnavailable
 from timewheel.store.library import check
 from timewheel.store.shard import Call, Store, clock_arg
+from timewheel.tasks.ops import REFUSED, CapOf, refusal
 from timewheel.types import field_int, field_text
 
 
@@ -73,9 +74,11 @@ async def list_dead(
     return out, None
 
 
-def _replayed(run_id: str) -> Any:
+def _replayed(run_id: str, shard: int) -> Any:
     def decode(reply: list[Any]) -> int:
         check(reply, run_id=run_id, action="replay")
+        if int(reply[0]) == REFUSED:
+            raise refusal(int(reply[1]), int(reply[2]), shard)
         return int(reply[1])
 
     return decode
@@ -88,17 +91,20 @@ def _purged(run_id: str) -> Any:
     return decode
 
 
-async def replay(store: Store, tenant: str, run_id: str) -> int:
+async def replay(store: Store, tenant: str, run_id: str, *, caps: CapOf | None = None) -> int:
     """Put a dead-lettered run back into the wheel, due now, attempt reset; returns due_ms.
-    StorageFull (nothing changed) when the shard's node is near its memory ceiling."""
+    StorageFull (nothing changed) when the shard's node is near its memory ceiling;
+    OverLimit (nothing changed) when the run counts and its shard holds the tenant's cap
+    (`caps`: the Limiter's, timewheel/limits.py)."""
     shard = store.locate(run_id)
     await store.guard.check([shard])
     k = store.keys
+    cap = caps(tenant, shard) if caps is not None else None
     call = Call(
         store.scripts.dead_replay,
         [k.dead(shard, tenant), k.events(shard)],
-        [run_id, tenant, *store.shared(shard, None)],
-        _replayed(run_id),
+        [run_id, tenant, *store.shared(shard, None), "" if cap is None else cap],
+        _replayed(run_id, shard),
     )
     return await store.run(call)
 

@@ -33,7 +33,7 @@ from timewheel.schedules.model import (
 from timewheel.schedules.spec import ScheduleSpec, fire_times, plan_fires
 from timewheel.store.library import ScriptArg, check
 from timewheel.store.shard import Call, Store, clock_arg
-from timewheel.tasks.ops import TaskOps
+from timewheel.tasks.ops import REFUSED, CapOf, TaskOps, refusal
 from timewheel.types import text
 
 MAX_BACKFILL = 1000
@@ -321,13 +321,20 @@ class ScheduleOps:
         return int(reply[1])
 
     async def trigger(
-        self, tenant: str, sid: str, *, now_ms: int | None = None, admit: Admit | None = None
+        self,
+        tenant: str,
+        sid: str,
+        *,
+        now_ms: int | None = None,
+        admit: Admit | None = None,
+        caps: CapOf | None = None,
     ) -> str:
         """One run now, id '<sid>@manual-<ms>', exempt from catchup and overlap; its run id.
-        StorageFull near the memory ceiling; `admit` is asked first."""
+        StorageFull near the memory ceiling; `admit` is asked first; OverLimit when the
+        schedule's shard holds the tenant's cap (`caps`, as for task creates)."""
         if admit is not None:
             await admit(await self.get(tenant, sid), 1)
-        reply = await self._add_runs(tenant, sid, "manual", [], now_ms)
+        reply = await self._add_runs(tenant, sid, "manual", [], now_ms, caps)
         return text(reply[3])
 
     async def backfill(
@@ -339,11 +346,13 @@ class ScheduleOps:
         *,
         now_ms: int | None = None,
         admit: Admit | None = None,
+        caps: CapOf | None = None,
     ) -> tuple[int, int]:
         """Materialize every fire time in [from_ms, to_ms] (at most MAX_BACKFILL), sent at
         once, oldest first; fire times that already have a run are not run again.
         Returns (added, existing). StorageFull near the memory ceiling; `admit` is asked
-        with the number of fire times first."""
+        with the number of fire times first; OverLimit (nothing added) when the runs not
+        there yet would pass the tenant's cap in the schedule's shard (`caps`)."""
         current = await self.get(tenant, sid)
         if to_ms < from_ms:
             raise ValidationError("to is before from", field="to")
@@ -357,19 +366,35 @@ class ScheduleOps:
             )
         if admit is not None:
             await admit(current, len(fires))
-        reply = await self._add_runs(tenant, sid, "backfill", fires, now_ms)
+        reply = await self._add_runs(tenant, sid, "backfill", fires, now_ms, caps)
         return int(reply[1]), int(reply[2])
 
     async def _add_runs(
-        self, tenant: str, sid: str, origin: str, fires: Sequence[int], now_ms: int | None
+        self,
+        tenant: str,
+        sid: str,
+        origin: str,
+        fires: Sequence[int],
+        now_ms: int | None,
+        caps: CapOf | None = None,
     ) -> list[Any]:
         shard, keys = self._schedule_keys(sid)
         await self.store.guard.check([shard])
+        cap = caps(tenant, shard) if caps is not None else None
         call = Call(
             self.store.scripts.schedule_add_runs,
             keys,
-            [sid, tenant, origin, fires_arg(fires), *self.store.shared(shard, now_ms)],
+            [
+                sid,
+                tenant,
+                origin,
+                fires_arg(fires),
+                *self.store.shared(shard, now_ms),
+                "" if cap is None else cap,
+            ],
             _checked(sid, origin),
         )
         reply: list[Any] = await self.store.write(call)
+        if int(reply[0]) == REFUSED:
+            raise refusal(int(reply[1]), int(reply[2]), shard)
         return reply

@@ -64,6 +64,27 @@ class Placement:
         """The shard of a new task or schedule: one of `shards`, chosen by its token."""
         return self.shards[zlib.crc32(token.encode()) % len(self.shards)]
 
+    def spread_tokens(self, count: int, draw: Callable[[], str]) -> list[str]:
+        """`count` new random tokens (from `draw`) whose shards take turns over `shards`
+        from a random one, so a batch's tasks split as evenly as they can: each shard's
+        cap of the tenant (timewheel/limits.py) is a share of its max_pending, and random
+        ids would fill one share before the others. Each shard is still the one
+        `shard_for` gives the token."""
+        if len(self.shards) == 1:
+            return [draw() for _ in range(count)]
+        width = len(self.shards)
+        need = [count // width + (1 if i < count % width else 0) for i in range(width)]
+        turn = zlib.crc32(draw().encode()) % width
+        need = need[-turn:] + need[:-turn]
+        out: list[str] = []
+        while len(out) < count:
+            token = draw()
+            index = zlib.crc32(token.encode()) % width
+            if need[index]:
+                need[index] -= 1
+                out.append(token)
+        return out
+
     def earlier_shards(self, token: str) -> list[int]:
         """The shards an earlier placement gave this token, other than today's."""
         pick = zlib.crc32(token.encode())

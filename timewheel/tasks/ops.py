@@ -10,7 +10,7 @@ on (timewheel/dispatch/tick.py). Python only reads (`get`).
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +18,7 @@ from redis.exceptions import RedisError
 
 from timewheel import ids
 from timewheel.errors import (
+    OverLimit,
     PayloadTooLarge,
     RedisUnavailable,
     ScriptError,
@@ -45,23 +46,70 @@ class PreparedCreate:
 CREATE_CHUNK = 200
 """Most tasks one task_create.lua call carries (keeps a call near a few ms)."""
 
-Created = tuple[PreparedCreate, CreateResult]
+Outcome = CreateResult | OverLimit
+"""What a create call did with one task: the result, or the refusal of a tenant's cap."""
+
+Created = tuple[PreparedCreate, Outcome]
 """One task of a task_create.lua call: its request and what the call did with it."""
 
-CREATED, COLLISION = 1, 2
+CapOf = Callable[[str, int], int | None]
+"""The cap of (tenant, shard): the most runs not finished of the tenant that shard may
+hold after a create (its share of max_pending, timewheel/limits.py), or None for no cap."""
+
+CREATED, COLLISION, REFUSED = 1, 2, 3
 """task_create.lua's per-task codes besides 0 (the idempotency key's task exists)."""
 
+RETRY_AFTER_S = 1
+"""Retry-After of a create refused by its shard's cap (the Limiter's, timewheel/limits.py)."""
 
-def _created(prepared: PreparedCreate, reply: list[Any]) -> CreateResult:
+
+def refusal(held: int, cap: int, shard: int) -> OverLimit:
+    """The OverLimit of a run task_create.lua refused: its shard held `cap` of its
+    tenant's runs not finished, the shard's share of max_pending."""
+    return OverLimit(
+        f"the tenant has {held} runs not finished in shard {shard}, that shard's share "
+        f"({cap}) of max_pending",
+        retry_after_s=RETRY_AFTER_S,
+        field="max_pending",
+    )
+
+
+def _created(prepared: PreparedCreate, reply: list[Any]) -> Outcome:
     """One task's part of a task_create.lua reply."""
     code = int(reply[0])
     if code == CREATED:
         due_ms, wake, created_ms = int(reply[1]), bool(int(reply[2])), int(reply[3])
         task = Task.created(prepared.task_id, prepared.new, due_ms, created_ms)
         return CreateResult(task, True, wake)
+    if code == REFUSED:
+        return refusal(int(reply[1]), int(reply[2]), prepared.shard)
     if code == COLLISION:
         raise ScriptError(f"run id collision {prepared.task_id}")
     return CreateResult(record.decode(prepared.task_id, reply[1]), False)
+
+
+def result_of(outcome: Outcome) -> CreateResult:
+    """A create's result, or its refusal raised."""
+    if isinstance(outcome, OverLimit):
+        raise outcome
+    return outcome
+
+
+def cap_args(
+    chunk: Sequence[PreparedCreate], shard: int, caps: CapOf | None, whole: bool
+) -> list[ScriptArg]:
+    """task_create.lua's cap arguments for one call: its mode, then (tenant, cap) for each
+    tenant of the chunk that has a cap ('' and 0 without caps: nothing is checked)."""
+    if caps is None:
+        return ["", 0]
+    pairs: list[ScriptArg] = []
+    for tenant in dict.fromkeys(p.new.tenant for p in chunk):
+        cap = caps(tenant, shard)
+        if cap is not None:
+            pairs += [tenant, cap]
+    if not pairs:
+        return ["", 0]
+    return ["all" if whole else "each", len(pairs) // 2, *pairs]
 
 
 def _changed(run_id: str, action: str) -> Any:
@@ -96,8 +144,9 @@ class TaskOps:
         token = ids.idempotent_token(new.tenant, new.idempotency_key)
         return ids.make_task_id(self.store.shard_for(new.tenant, token), token)
 
-    def prepare(self, new: NewTask) -> PreparedCreate:
-        """Validate a create and give it its id, shard and task_create.lua values.
+    def prepare(self, new: NewTask, token: str | None = None) -> PreparedCreate:
+        """Validate a create and give it its id (from `token` if given and the create has
+        no idempotency key, else a random one), shard and task_create.lua values.
 
         Raises:
             ValidationError: a name or time is malformed.
@@ -110,7 +159,7 @@ class TaskOps:
             raise ValidationError("give exactly one of run_at or delay", field="run_at")
         if new.idempotency_key is not None:
             token = ids.idempotent_token(new.tenant, new.idempotency_key)
-        else:
+        elif token is None:
             token = ids.new_token()
         shard = self.store.shard_for(new.tenant, token)
         task_id = ids.make_task_id(shard, token)
@@ -128,10 +177,17 @@ class TaskOps:
         return PreparedCreate(new, task_id, shard, group)
 
     def create_calls(
-        self, prepared: Sequence[PreparedCreate], now_ms: int | None = None
+        self,
+        prepared: Sequence[PreparedCreate],
+        now_ms: int | None = None,
+        *,
+        caps: CapOf | None = None,
+        whole: bool = False,
     ) -> list[Call[list[Created]]]:
         """The task_create.lua calls for `prepared`: one per shard and chunk of
-        CREATE_CHUNK, each decoding to (prepared, result) for the tasks it carries."""
+        CREATE_CHUNK, each decoding to (prepared, outcome) for the tasks it carries.
+        With `caps`, each call refuses the runs that would pass their tenant's cap in
+        its shard: each on its own, or with `whole` all of a tenant's runs in the call."""
         by_shard: dict[int, list[PreparedCreate]] = {}
         for p in prepared:
             by_shard.setdefault(p.shard, []).append(p)
@@ -141,7 +197,8 @@ class TaskOps:
             head = self.store.shared(shard, now_ms)
             for low in range(0, len(group), CREATE_CHUNK):
                 chunk = group[low : low + CREATE_CHUNK]
-                args = head + [v for p in chunk for v in p.group]
+                args = head + cap_args(chunk, shard, caps, whole)
+                args += [v for p in chunk for v in p.group]
 
                 def decode(reply: list[Any], chunk: list[PreparedCreate] = chunk) -> Any:
                     return [(p, _created(p, r)) for p, r in zip(chunk, reply, strict=True)]
@@ -151,13 +208,16 @@ class TaskOps:
                 )
         return calls
 
-    async def create(self, new: NewTask, *, now_ms: int | None = None) -> CreateResult:
+    async def create(
+        self, new: NewTask, *, now_ms: int | None = None, caps: CapOf | None = None
+    ) -> CreateResult:
         """Schedule a one-shot task; an existing idempotency key returns the existing task.
 
         Raises:
             ValidationError: a name or time is malformed.
             PayloadTooLarge: the payload is over the configured limit.
             StorageFull: the shard's Redis node is near its memory ceiling.
+            OverLimit: with `caps`, the task's shard holds its tenant's cap.
         """
         await self.store.placements.load(new.tenant)
         prepared = self.prepare(new)
@@ -171,8 +231,10 @@ class TaskOps:
         call = Call(
             self.store.scripts.task_create,
             [k.meta(shard), k.events(shard)],
-            self.store.shared(shard, now_ms) + prepared.group,
-            lambda reply: _created(prepared, reply[0]),
+            self.store.shared(shard, now_ms)
+            + cap_args([prepared], shard, caps, False)
+            + prepared.group,
+            lambda reply: result_of(_created(prepared, reply[0])),
         )
         return await self.store.write(call)
 
@@ -180,16 +242,88 @@ class TaskOps:
         """Create many tasks: one task_create.lua call per shard (and chunk), all in one
         pipeline (on Cluster, one per node, sent concurrently); results in batch order.
         StorageFull if any of their shards' nodes is near its ceiling: none is written."""
+        return [result_of(o) for o in await self.create_checked(batch)]
+
+    async def create_checked(
+        self, batch: Sequence[NewTask], *, caps: CapOf | None = None, whole: bool = False
+    ) -> list[Outcome]:
+        """create_many, with each call checking `caps` (create_calls): a refused task's
+        outcome is its OverLimit, and nothing was written for it."""
         await self.store.placements.load_many(new.tenant for new in batch)
-        prepared = [self.prepare(new) for new in batch]
+        prepared = self._spread(batch) if whole else [self.prepare(new) for new in batch]
         found = await self._made_elsewhere(prepared)
         todo = [p for i, p in enumerate(prepared) if i not in found]
         await self.store.guard.check(p.shard for p in todo)
-        calls = self.create_calls(todo)
+        calls = self.create_calls(todo, caps=caps, whole=whole)
         by_request = {
-            id(p): result for chunk in await self.store.write_many(calls) for p, result in chunk
+            id(p): outcome for chunk in await self.store.write_many(calls) for p, outcome in chunk
         }
-        return [found[i] if i in found else by_request[id(p)] for i, p in enumerate(prepared)]
+        outcomes = [found[i] if i in found else by_request[id(p)] for i, p in enumerate(prepared)]
+        if caps is not None:
+            await self._elsewhere(prepared, outcomes, caps, whole)
+        return outcomes
+
+    async def _elsewhere(
+        self,
+        prepared: list[PreparedCreate],
+        outcomes: list[Outcome],
+        caps: CapOf,
+        whole: bool,
+    ) -> None:
+        """Send the refused creates without an idempotency key again, each to another
+        shard of its tenant's placement that has not refused it yet (a new random id
+        there), until one takes it or every shard has refused (in place: `outcomes`).
+
+        A shard's cap is its share of max_pending: one holding its share refuses while
+        the others may have room, and a random id does not know which."""
+        full: dict[str, set[int]] = {}
+        while True:
+            again: list[tuple[int, PreparedCreate]] = []
+            for i, outcome in enumerate(outcomes):
+                p = prepared[i]
+                if not isinstance(outcome, OverLimit) or p.new.idempotency_key is not None:
+                    continue
+                shards = self.store.placements.get(p.new.tenant).shards
+                refused = full.setdefault(p.new.tenant, set())
+                refused.add(p.shard)
+                left = [s for s in shards if s not in refused]
+                if left:
+                    target = left[len(again) % len(left)]
+                    again.append((i, self.prepare(p.new, self._token_for(p.new.tenant, target))))
+            if not again:
+                return
+            await self.store.guard.check(p.shard for _, p in again)
+            calls = self.create_calls([p for _, p in again], caps=caps, whole=whole)
+            by_request = {
+                id(p): outcome
+                for chunk in await self.store.write_many(calls)
+                for p, outcome in chunk
+            }
+            for i, p in again:
+                prepared[i] = p
+                outcomes[i] = by_request[id(p)]
+
+    def _token_for(self, tenant: str, shard: int) -> str:
+        """A new random token whose task goes to `shard` (one of the tenant's shards)."""
+        placement = self.store.placements.get(tenant)
+        while True:
+            token = ids.new_token()
+            if placement.shard_for(token) == shard:
+                return token
+
+    def _spread(self, batch: Sequence[NewTask]) -> list[PreparedCreate]:
+        """prepare() for a batch whose tasks without an idempotency key split evenly over
+        each tenant's shards (Placement.spread_tokens): with caps, a shard's share of
+        max_pending is not filled before the others by the luck of random ids."""
+        by_tenant: dict[str, list[int]] = {}
+        for i, new in enumerate(batch):
+            if new.idempotency_key is None:
+                by_tenant.setdefault(new.tenant, []).append(i)
+        tokens: dict[int, str] = {}
+        for tenant, rows in by_tenant.items():
+            placement = self.store.placements.get(tenant)
+            tokens.update(zip(rows, placement.spread_tokens(len(rows), ids.new_token), strict=True))
+        return [self.prepare(new, tokens.get(i)) for i, new in enumerate(batch)]
 
     async def _made_elsewhere(self, prepared: Sequence[PreparedCreate]) -> dict[int, CreateResult]:
         """The creates whose idempotency key already made its task in another shard the
