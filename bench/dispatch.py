@@ -17,8 +17,13 @@ redis-py pipeline path costs ~50-90 us of Python per create on this machine, mor
 the create itself (`--client engine` uses Engine.create_many instead). The lag load is
 open loop: a reply that comes late makes the next batch bigger (up to MAX_LOAD_BATCH).
 
+`--cluster` runs both parts on a 3-primary Redis Cluster instead, with 1 and with 3
+scheduler processes holding shards by lease, and reads Redis CPU per primary
+(bench/dispatch_cluster.py; writes bench/results/dispatch-cluster.json).
+
 Run:  .venv/bin/python bench/dispatch.py            (1,000,000 runs; 10,000/s for 30 s)
       .venv/bin/python bench/dispatch.py --quick    (100,000 runs; lag part unchanged)
+      .venv/bin/python bench/dispatch.py --cluster --runs 300000
 """
 
 from __future__ import annotations

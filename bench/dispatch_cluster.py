@@ -32,6 +32,7 @@ import subprocess
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -204,9 +205,8 @@ async def load_due_cluster(engine: Engine, url: str, runs: int, batch: int) -> f
     finally:
         await probe.aclose()
     tenants = tenant_names()
-    started = time.perf_counter()
-    pipes = await ClusterPipes.open(url)
-    try:
+
+    def batches() -> Iterator[list[tuple[str, bytes]]]:
         for start in range(0, runs, batch):
             news = [
                 NewTask(
@@ -216,7 +216,12 @@ async def load_due_cluster(engine: Engine, url: str, runs: int, batch: int) -> f
                 )
                 for i in range(start, min(start + batch, runs))
             ]
-            await pipes.call(create_commands_keyed(engine, news)[0])
+            yield create_commands_keyed(engine, news)[0]
+
+    started = time.perf_counter()
+    pipes = await ClusterPipes.open(url)
+    try:
+        await pipes.run(batches())
     finally:
         await pipes.close()
     return time.perf_counter() - started

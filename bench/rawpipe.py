@@ -125,6 +125,28 @@ class ClusterPipes:
         await asyncio.gather(*(self.pipes[n].call(cmds) for n, cmds in by_node.items()))
         return len(keyed)
 
+    async def run(self, batches: Iterator[Sequence[tuple[str, bytes]]], inflight: int = 2) -> int:
+        """Send every batch, each command to its primary, keeping up to `inflight` batches
+        unanswered per primary; returns the commands sent."""
+        pending: dict[str, deque[int]] = {n: deque() for n in self.pipes}
+        total = 0
+        for keyed in batches:
+            by_node: dict[str, list[bytes]] = {}
+            for key, command in keyed:
+                by_node.setdefault(self.node_of(key), []).append(command)
+            for node, commands in by_node.items():
+                pipe = self.pipes[node]
+                pipe.writer.write(b"".join(commands))
+                await pipe.writer.drain()
+                pending[node].append(len(commands))
+                total += len(commands)
+                while len(pending[node]) >= inflight:
+                    await pipe.replies(pending[node].popleft())
+        for node, counts in pending.items():
+            while counts:
+                await self.pipes[node].replies(counts.popleft())
+        return total
+
     async def close(self) -> None:
         for pipe in self.pipes.values():
             await pipe.close()
