@@ -17,8 +17,13 @@ redis-py pipeline path costs ~50-90 us of Python per create on this machine, mor
 the create itself (`--client engine` uses Engine.create_many instead). The lag load is
 open loop: a reply that comes late makes the next batch bigger (up to MAX_LOAD_BATCH).
 
+`--cluster` runs both parts on a 3-primary Redis Cluster instead, with 1 and with 3
+scheduler processes holding shards by lease, and reads Redis CPU per primary
+(bench/dispatch_cluster.py; writes bench/results/dispatch-cluster.json).
+
 Run:  .venv/bin/python bench/dispatch.py            (1,000,000 runs; 10,000/s for 30 s)
       .venv/bin/python bench/dispatch.py --quick    (100,000 runs; lag part unchanged)
+      .venv/bin/python bench/dispatch.py --cluster --runs 300000
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from common import percentile
-from rawpipe import RawPipe, create_commands
+from rawpipe import ClusterPipes, RawPipe, create_commands, create_commands_keyed
 
 from timewheel.config import Settings
 from timewheel.dispatch.scheduler import Scheduler
@@ -72,7 +77,9 @@ def tenant_names(count: int = TENANTS) -> list[str]:
 
 
 def settings_for(url: str) -> Settings:
-    return Settings(redis_url=url, shards=SHARDS)
+    # No continuous audit: a scheduler with a node id would run it, and its canary runs
+    # would be in the streams these benches count.
+    return Settings(redis_url=url, shards=SHARDS, audit_interval_ms=0)
 
 
 def plain(engine: Engine) -> aioredis.Redis:
@@ -313,38 +320,91 @@ async def count_stream_entries(client: aioredis.Redis) -> int:
 # -- b. lag: child processes -----------------------------------------------------------
 
 
-async def scheduler_process(url: str, max_seconds: float) -> None:
-    """The hidden `_schedule` sub-command: run one Scheduler until SIGTERM (or max_seconds)."""
+async def scheduler_process(
+    url: str, max_seconds: float, node: str | None = None, wait_go: bool = False
+) -> None:
+    """The hidden `_schedule` sub-command: run one Scheduler until SIGTERM (or max_seconds).
+
+    With `node` it is a fenced node that claims its share of the shards by lease. With
+    `wait_go` it announces itself in the membership (so every node's first lease round
+    sees every other) and starts only on SIGUSR1; then it notes the wall time of its
+    first and last dispatch and the shards it held, for a drain timed across processes.
+    """
     engine = await Engine.connect(settings_for(url))
-    stop = asyncio.Event()
+    stop, go = asyncio.Event(), asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    scheduler = Scheduler(engine.store)
-    task = asyncio.create_task(scheduler.run(stop))
-    print("READY", flush=True)
+    loop.add_signal_handler(signal.SIGUSR1, go.set)
+    scheduler = Scheduler(engine.store, node=node)
+    drain: dict[str, Any] = {}
     try:
+        if wait_go:
+            leases = scheduler.ownership.leases
+            print("READY", flush=True)
+            while not go.is_set() and not stop.is_set():
+                if leases is not None:
+                    await leases.members()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(go.wait(), 0.25)
+            drain["go_wall"] = time.time()
+        cpu0 = time.process_time()
+        task = asyncio.create_task(scheduler.run(stop))
+        watch = asyncio.create_task(watch_dispatches(scheduler, stop, drain)) if wait_go else None
+        if not wait_go:
+            print("READY", flush=True)
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(stop.wait(), max_seconds)
         stop.set()
         await asyncio.wait_for(task, 10)
+        if watch is not None:
+            await watch
     finally:
         await engine.close()
-    result = {**asdict(scheduler.counters), "cpu_s": round(time.process_time(), 2)}
+    result = {
+        **asdict(scheduler.counters),
+        **drain,
+        "node": node,
+        "cpu_s": round(time.process_time(), 2),
+        "run_cpu_s": round(time.process_time() - cpu0, 2),
+    }
     print("RESULT " + json.dumps(result), flush=True)
 
 
+async def watch_dispatches(scheduler: Scheduler, stop: asyncio.Event, out: dict[str, Any]) -> None:
+    """Every 5 ms: note when the dispatched counter first and last moved, and the shards
+    held when it last moved."""
+    seen = 0
+    while not stop.is_set():
+        count = scheduler.counters.dispatched
+        if count != seen:
+            now = time.time()
+            out.setdefault("first_dispatch_wall", now)
+            out["last_dispatch_wall"] = now
+            out["shards_held"] = sorted(scheduler.state)
+            seen = count
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(stop.wait(), 0.005)
+
+
 async def load_process(
-    url: str, rate: int, seconds: float, interval_ms: int, ids_path: Path, client_kind: str
+    url: str,
+    rate: int,
+    seconds: float,
+    interval_ms: int,
+    ids_path: Path,
+    client_kind: str,
+    cluster: bool = False,
 ) -> None:
     """The hidden `_load` sub-command: create at `rate`/s for `seconds`, each due 1 s later.
 
     Open loop: every `interval_ms` it sends every create owed by then (rate x elapsed
     minus created, at most MAX_LOAD_BATCH), so a slow reply makes the next batch bigger
     rather than lowering the offered rate. It stops at `seconds` whatever was achieved.
+    On a Cluster (`cluster`) each create goes to its shard's primary, all primaries at once.
     """
     engine = await Engine.connect(settings_for(url))
-    pipe = await RawPipe.open(url)
+    pipe: RawPipe | ClusterPipes = await (ClusterPipes if cluster else RawPipe).open(url)
     await load_scripts(engine)
     tenants = tenant_names()
     interval = interval_ms / 1000
@@ -374,6 +434,10 @@ async def load_process(
                 if client_kind == "engine":
                     results = await engine.tasks.create_many(news)
                     all_ids.extend(r.task_id for r in results)
+                elif isinstance(pipe, ClusterPipes):
+                    keyed, task_ids = create_commands_keyed(engine, news)
+                    await pipe.call(keyed)
+                    all_ids.extend(task_ids)
                 else:
                     commands, task_ids = create_commands(engine, news)
                     await pipe.call(commands)
@@ -716,13 +780,33 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("--timeout", type=float, default=600.0, help="deadline per part, s")
     parser.add_argument("--data-dir", type=Path, default=None, help="parent of server data dirs")
-    parser.add_argument("--out", type=Path, default=RESULTS, help="JSON results file")
+    parser.add_argument(
+        "--out", type=Path, default=None, help=f"JSON results file (default {RESULTS.name})"
+    )
+    parser.add_argument(
+        "--cluster",
+        action="store_true",
+        help="on a 3-primary Redis Cluster, with scheduler processes holding shards by lease",
+    )
+    parser.add_argument(
+        "--schedulers",
+        default="1,3",
+        help="with --cluster: comma list of scheduler process counts, each part run per count",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.runs = 100_000
     unknown = set(args.parts.split(",")) - {"throughput", "lag"}
     if unknown:
         parser.error(f"unknown parts: {', '.join(sorted(unknown))}")
+    try:
+        args.scheduler_counts = [int(n) for n in args.schedulers.split(",")]
+    except ValueError:
+        parser.error(f"--schedulers {args.schedulers!r}: give a comma list of counts, e.g. 1,3")
+    if not args.scheduler_counts or not all(1 <= n <= SHARDS for n in args.scheduler_counts):
+        parser.error(f"--schedulers {args.schedulers!r}: each count must be 1..{SHARDS}")
+    if args.out is None:
+        args.out = RESULTS.with_name("dispatch-cluster.json") if args.cluster else RESULTS
     return args
 
 
@@ -736,12 +820,23 @@ def child_main(argv: list[str]) -> int:
     parser.add_argument("--interval-ms", type=int, default=10)
     parser.add_argument("--ids", type=Path, default=Path("created.ids"))
     parser.add_argument("--client", choices=("raw", "engine"), default="raw")
+    parser.add_argument("--node", default=None, help="_schedule: a fenced node with this id")
+    parser.add_argument("--wait-go", action="store_true", help="_schedule: start on SIGUSR1")
+    parser.add_argument("--cluster", action="store_true", help="_load: route per primary")
     args = parser.parse_args(argv[1:])
     if argv[0] == "_schedule":
-        asyncio.run(scheduler_process(args.url, args.max_seconds))
+        asyncio.run(scheduler_process(args.url, args.max_seconds, args.node, args.wait_go))
     else:
         asyncio.run(
-            load_process(args.url, args.rate, args.seconds, args.interval_ms, args.ids, args.client)
+            load_process(
+                args.url,
+                args.rate,
+                args.seconds,
+                args.interval_ms,
+                args.ids,
+                args.client,
+                args.cluster,
+            )
         )
     return 0
 
@@ -751,6 +846,10 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] in ("_schedule", "_load"):
         return child_main(argv)
     args = parse_args(argv)
+    if args.cluster:
+        from dispatch_cluster import cluster_main  # it imports this module
+
+        return cluster_main(args)
     root = args.data_dir or Path(tempfile.mkdtemp(prefix="tw-bench-dispatch-"))
     parts = args.parts.split(",")
     print(
