@@ -988,12 +988,33 @@ def merge_out(path: Path, run: dict[str, Any], reuse: bool) -> dict[str, Any]:
     return run
 
 
+def refuse(tasks: int, root: Path) -> str | None:
+    """Why a load of `tasks` into `root` is refused (too little memory or disk), or None."""
+    room = headroom(tasks, root)
+    if room["ok"]:
+        return None
+    return (
+        f"scale: refusing {tasks:,} tasks: needs ~{room['memory_needed'] / 2**30:.1f} GiB "
+        f"RAM ({room['memory_available'] / 2**30:.1f} available) and "
+        f"~{room['disk_needed'] / 2**30:.1f} GiB disk ({room['disk_free'] / 2**30:.1f} "
+        f"free in {root})"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     reuse = args.reuse_dir is not None
-    root = args.reuse_dir or args.keep_dir or Path(tempfile.mkdtemp(prefix="tw-bench-scale-"))
-    root.mkdir(parents=True, exist_ok=True)
+    if args.reuse_dir or args.keep_dir:
+        root = args.reuse_dir or args.keep_dir
+        root.mkdir(parents=True, exist_ok=True)
+    else:
+        root = Path(tempfile.mkdtemp(prefix="tw-bench-scale-"))
+        refused = refuse(args.tasks, root)
+        if refused:
+            shutil.rmtree(root, ignore_errors=True)
+            print(refused, file=sys.stderr)
+            return 2
     state: dict[str, Any] = {}
     if reuse:
         state = json.loads((root / STATE_FILE).read_text())
@@ -1009,13 +1030,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         room = headroom(tasks, root)
         if not room["ok"]:
-            print(
-                f"scale: refusing {tasks:,} tasks: needs ~{room['memory_needed'] / 2**30:.1f} GiB "
-                f"RAM ({room['memory_available'] / 2**30:.1f} available) and "
-                f"~{room['disk_needed'] / 2**30:.1f} GiB disk ({room['disk_free'] / 2**30:.1f} "
-                f"free in {root})",
-                file=sys.stderr,
-            )
+            print(refuse(tasks, root), file=sys.stderr)
             return 2
         state = {"tasks": tasks, "id": f"{tasks}-{int(time.time())}", "headroom": room}
     fill_defaults(args, tasks)
