@@ -47,13 +47,14 @@ local now_packed = cmsgpack.pack(now)  -- every finished record's updated
 local meta = redis.call('HMGET', tag .. 'meta', 'promoted_until', 'archived', 'archive_cap')
 local promoted_until = tonumber(meta[1]) or 0
 local record_of = delivery_loader(tag, ARGV, 7, 4, n, promoted_until)
-local codes, acked, retained, tally, woken, done = {}, {}, {}, {}, 0, 0
+local codes, acked, retained, tally, woken, done = delivery_array(ARGV, n), {}, {}, {}, 0, 0
 -- ':<attempt>' for the event's run list, formatted once per attempt number met; each
 -- attempt's text as a number, once per text; a finished record's first bytes, by attempt.
 local marks, numbers, heads = {}, {}, {}
 local at = 7
 for i = 1, n do
-  local run_id, attempt = ARGV[at + 2], delivery_number(numbers, ARGV[at + 3])
+  local run_id, text = ARGV[at + 2], ARGV[at + 3]
+  local attempt = numbers[text] or delivery_number(numbers, text)
   at = at + 4
   local r, bkey, field, raw = record_of(i)
   if r == nil then

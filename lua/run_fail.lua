@@ -44,10 +44,11 @@ local ctx = {
   retried = { runs = {}, errors = {}, near = {}, marks = {}, n = 0, wake = 0 }, heads = {},
   archived = meta[2], archive_cap = meta[3],
 }
-local replies, handled, numbers = {}, {}, {}
+local replies, handled, numbers = delivery_array(ARGV, n), {}, {}
 local at = 8
 for i = 1, n do
-  local run_id, attempt = ARGV[at + 2], delivery_number(numbers, ARGV[at + 3])
+  local run_id, text = ARGV[at + 2], ARGV[at + 3]
+  local attempt = numbers[text] or delivery_number(numbers, text)
   if handled[run_id] then
     replies[i] = { 0 }
   else

@@ -10,9 +10,10 @@
 --       attempt. Every entry is acknowledged in `group` and deleted first, one XACK and one
 --       XDEL per stream, whatever becomes of its run. Returns the number of runs, n; run i's
 --       values start at argv[first + (i - 1) * width].
---   delivery_number(numbers, text) -> number   tonumber(text), worked out once per distinct
---       text of a call (numbers: the call's table of them); a batch's attempts are mostly
---       one value.
+--   delivery_number(numbers, text) -> number   tonumber(text), kept in numbers (the call's
+--       table of them; a caller looks there first): a batch's attempts are mostly one value.
+--   delivery_array(argv, n) -> t   a table whose array part has room for n values (it
+--       holds argv[1..n] until they are replaced), so filling it needs no rehash.
 --   delivery_loader(tag, argv, first, width, n, promoted_until) -> load   the records of a
 --       batch's runs, read up front with one ZMSCORE per tenant for the sent test
 --       (record_sent), and one HLEN of the shard's parked pairs, so a shard with none (the
@@ -63,8 +64,14 @@ local function delivery_number(numbers, text)
   return v
 end
 
+local function delivery_array(argv, n)
+  return { unpack(argv, 1, n) }
+end
+
 local function delivery_loader(tag, argv, first, width, n, promoted_until)
-  local records, keys, fields, raws, unsent = {}, {}, {}, {}, {}
+  local records, keys, fields = delivery_array(argv, n), delivery_array(argv, n),
+    delivery_array(argv, n)
+  local raws, unsent = delivery_array(argv, n), {}
   local at = first + 2
   for i = 1, n do
     local run_id = argv[at]

@@ -216,8 +216,8 @@ local function record_finish(bkey, field, r, raw, state, now, now_packed, heads)
     while r[n] == nil do
       n = n - 1
     end
-    out = record_head(heads, state, attempt) .. string.sub(raw, 3) .. RECORD_FILL[R_OPTS - n] ..
-      now_packed
+    local head = heads and heads[attempt] or record_head(heads, state, attempt)
+    out = head .. string.sub(raw, 3) .. RECORD_FILL[R_OPTS - n] .. now_packed
     r[R_STATE] = state
   else
     r[R_STATE], r[R_UPDATED] = state, now
@@ -253,7 +253,7 @@ local function record_retried(raw, r, due_packed, now_packed, error_packed, head
       return nil
     end
   end
-  local head = record_head(heads, ST_SCHEDULED, attempt)
+  local head = heads and heads[attempt] or record_head(heads, ST_SCHEDULED, attempt)
   -- Offsets are 0-based: past tenant, queue, created, payload and opts; -1 if the record
   -- ends there or before.
   local at = cmsgpack.unpack_limit(raw, 5, 2 + due_size)
