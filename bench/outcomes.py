@@ -13,7 +13,13 @@ The batches go the way the code under PYTHONPATH sends them: `Outcomes.ack_many`
 round trip each). So with PYTHONPATH set to another checkout it measures that checkout's
 scripts and calls (an A/B comparison).
 
+With --callgrind the server runs under valgrind's callgrind, instrumented only while the
+batches go, and each part also reports the instructions per run that Redis executed in
+FCALL (nested commands included) and in all: a count the host's load does not change, for
+A/B comparisons on a shared machine (slow: use a few thousand runs).
+
 Run:  .venv/bin/python bench/outcomes.py [--runs 20000] [--batch 64] [--out FILE]
+          [--callgrind]
 """
 
 from __future__ import annotations
@@ -22,7 +28,9 @@ import argparse
 import asyncio
 import json
 import random
+import re
 import shutil
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -31,6 +39,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from dispatch import payload_json, server_ms
 
+import timewheel.store.server as server_module
 from timewheel.config import Settings
 from timewheel.engine import Engine
 from timewheel.runs.delivery import Delivery, parse_entry
@@ -101,7 +110,62 @@ async def dispatched(engine: Engine, runs: int) -> list[Delivery]:
     return out
 
 
-async def report(url: str, runs: int, batch: int) -> dict[str, Any]:
+class Callgrind:
+    """callgrind_control on the server's process: count only while a part runs."""
+
+    def __init__(self, out_dir: Path) -> None:
+        self.out_dir, self.pid = out_dir, 0
+
+    def wrapper(self) -> str:
+        """A redis-server that starts under callgrind, uninstrumented."""
+        script = self.out_dir / "redis-server-callgrind"
+        script.write_text(
+            "#!/bin/sh\nexec valgrind --tool=callgrind --instr-atstart=no --dump-instr=no "
+            f"--callgrind-out-file={self.out_dir}/cg.%p {server_module.redis_server_binary()} "
+            '"$@"\n'
+        )
+        script.chmod(0o755)
+        return str(script)
+
+    def control(self, *args: str) -> None:
+        subprocess.run(["callgrind_control", *args, str(self.pid)], check=True, capture_output=True)
+
+    def start(self) -> None:
+        self.control("-i", "on")
+        self.control("-z")
+
+    def stop(self, part: str, runs: int) -> dict[str, float]:
+        """Instructions per run since start(): in FCALL and in all."""
+        self.control("-d", part)
+        self.control("-i", "off")
+        [dump] = [p for p in self.out_dir.glob("cg.*") if _dumped(p) == part]
+        text = subprocess.run(
+            ["callgrind_annotate", "--auto=no", "--inclusive=yes", "--threshold=100", str(dump)],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        out: dict[str, float] = {}
+        for name, pattern in (("fcall", r":fcallCommand "), ("total", r"PROGRAM TOTALS")):
+            m = re.search(r"^\s*([\d,]+) .*" + pattern, text, re.MULTILINE)
+            out[name] = round(int(m.group(1).replace(",", "")) / runs) if m else 0.0
+        return out
+
+
+def _dumped(path: Path) -> str | None:
+    """The trigger a callgrind dump was written for ('dump <part>'), if it is one."""
+    with path.open(errors="replace") as f:
+        for line in f:
+            if line.startswith("desc: Trigger: dump "):
+                return line.removeprefix("desc: Trigger: dump ").strip()
+            if line.startswith("events:"):
+                return None
+    return None
+
+
+async def report(
+    url: str, runs: int, batch: int, callgrind: Callgrind | None = None
+) -> dict[str, Any]:
     settings = Settings(redis_url=url, prefix="ob", shards=SHARDS, default_spread=SPREAD)
     engine = await Engine.connect(settings)
     client = engine.client
@@ -110,7 +174,11 @@ async def report(url: str, runs: int, batch: int) -> dict[str, Any]:
     result: dict[str, Any] = {"runs": runs, "batch": batch}
     try:
         await engine.store.scripts.library.load(client)
+        if callgrind is not None:
+            callgrind.pid = int((await client.info("server"))["process_id"])
         acks = await dispatched(engine, runs)
+        if callgrind is not None:
+            callgrind.start()
         before, t0 = await command_usec(client), time.perf_counter()
         acked = 0
         for i in range(0, runs, batch):
@@ -121,9 +189,13 @@ async def report(url: str, runs: int, batch: int) -> dict[str, Any]:
             "seconds": round(seconds, 2),
             "commands": share(before, after, runs),
         }
+        if callgrind is not None:
+            result["ack"]["instructions_per_run"] = callgrind.stop("ack", runs)
 
         fails = await dispatched(engine, runs)
         many = getattr(outcomes, "fail_many", None)
+        if callgrind is not None:
+            callgrind.start()
         before, t0 = await command_usec(client), time.perf_counter()
         retried = 0
         for i in range(0, runs, batch):
@@ -143,6 +215,8 @@ async def report(url: str, runs: int, batch: int) -> dict[str, Any]:
             "seconds": round(seconds, 2),
             "commands": share(before, after, runs),
         }
+        if callgrind is not None:
+            result["fail"]["instructions_per_run"] = callgrind.stop("fail", runs)
     finally:
         await engine.close()
     return result
@@ -153,17 +227,31 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=20_000)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--callgrind", action="store_true", help=__doc__.split("\n\n")[2])
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
+        callgrind = None
+        if args.callgrind:
+            callgrind = Callgrind(Path(tmp))
+            wrapped = callgrind.wrapper()
+            server_module.redis_server_binary = lambda: wrapped
         server = RedisServer(Path(tmp) / "redis", appendfsync="always")
-        server.start()
+        server.start(timeout_s=120)
         try:
-            result = asyncio.run(report(server.url, args.runs, args.batch))
+            result = asyncio.run(report(server.url, args.runs, args.batch, callgrind))
         finally:
             server.stop()
             shutil.rmtree(tmp, ignore_errors=True)
+    result["callgrind"] = args.callgrind
     for part, counted in (("ack", "acked"), ("fail", "retried")):
         r = result[part]
+        if args.callgrind:
+            ins = r["instructions_per_run"]
+            print(
+                f"{part}: instructions per run: FCALL {ins['fcall']:.0f}, "
+                f"Redis in all {ins['total']:.0f}",
+                flush=True,
+            )
         fcall = r["commands"].get("fcall", {}).get("us_per_run")
         calls = r["commands"].get("fcall", {}).get("calls_per_run")
         print(

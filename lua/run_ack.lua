@@ -10,7 +10,7 @@
   id, run_id, attempt
   Derived keys (same tag): t:<xy>, meta and near:<tenant> (record_sent; one ZMSCORE per
   tenant), parked and park:<tenant>:<queue> (only while the shard has parked runs),
-  x:<bucket>, expiry,
+  xl:<bucket>, expiry,
   use:<tenant> (a counted run stops counting: q:<queue>, bytes; lib/usage.lua),
   and for a schedule's run s:<sid>
   (no longer in flight) and the run it held back, put back in the wheel (meta, near, due).
@@ -40,16 +40,22 @@ local tag = string.sub(events_key, 1, -7)
 --!include lib/events.lua
 --!include lib/schedule.lua
 
-local reports = delivery_reports(KEYS, ARGV, 7, 4, group)
+local n = delivery_ack_all(KEYS, ARGV, 7, 4, group)
 local now = clock_now_ms(now_override)
 local now_packed = cmsgpack.pack(now)  -- every finished record's updated
-local promoted_until = wheel_promoted_until(tag .. 'meta')
-local record_of = delivery_loader(tag, reports, promoted_until)
-local codes, acked, retained, tally, woken = {}, {}, {}, {}, 0
--- ':<attempt>' for the event's run list, formatted once per attempt number met.
-local marks = {}
-for i, report in ipairs(reports) do
-  local run_id, attempt = report[3], report[4]
+-- meta, read once: where the near level ends, and the event log's archive mark.
+local meta = redis.call('HMGET', tag .. 'meta', 'promoted_until', 'archived', 'archive_cap')
+local promoted_until = tonumber(meta[1]) or 0
+local record_of = delivery_loader(tag, ARGV, 7, 4, n, promoted_until)
+local codes, acked, retained, tally, woken, done = delivery_array(ARGV, n), {}, {}, {}, 0, 0
+-- ':<attempt>' for the event's run list, formatted once per attempt number met; each
+-- attempt's text as a number, once per text; a finished record's first bytes, by attempt.
+local marks, numbers, heads = {}, {}, {}
+local at = 7
+for i = 1, n do
+  local run_id, text = ARGV[at + 2], ARGV[at + 3]
+  local attempt = numbers[text] or delivery_number(numbers, text)
+  at = at + 4
   local r, bkey, field, raw = record_of(i)
   if r == nil then
     codes[i] = -1
@@ -57,13 +63,15 @@ for i, report in ipairs(reports) do
       (r[R_STATE] ~= ST_DISPATCHED and r[R_STATE] ~= ST_SCHEDULED) then
     codes[i] = 0
   else
+    local tenant = r[R_TENANT]
     if r[R_STATE] == ST_SCHEDULED then
-      wheel_remove(tag, run_id, r[R_TENANT], r[R_DUE], bucket_ms, r[R_QUEUE])
+      wheel_remove(tag, run_id, tenant, r[R_DUE], bucket_ms, r[R_QUEUE])
     end
-    record_finish(bkey, field, r, raw, ST_SUCCEEDED, now, now_packed)
-    retained[#retained + 1] = run_id
+    record_finish(bkey, field, r, raw, ST_SUCCEEDED, now, now_packed, heads)
+    done = done + 1
+    retained[done] = run_id
     if usage_counted(r) then
-      usage_tally(tally, r[R_TENANT], r[R_QUEUE], -#(r[R_PAYLOAD] or ''), -1)
+      usage_tally(tally, tenant, r[R_QUEUE], -#(r[R_PAYLOAD] or ''), -1)
     end
     if r[R_SCHEDULE] and
         schedule_run_finished(tag, r[R_SCHEDULE], run_id, now, bucket_ms) == 1 then
@@ -74,14 +82,15 @@ for i, report in ipairs(reports) do
       mark = ':' .. string.format('%d', attempt)
       marks[attempt] = mark
     end
-    acked[#acked + 1] = run_id .. ':' .. r[R_TENANT] .. mark
+    acked[done] = run_id .. ':' .. tenant .. mark
     codes[i] = 1
   end
 end
-if #acked > 0 then
+if done > 0 then
   wheel_retain_many(tag, retained, now, bucket_ms)
   usage_flush(tag, tally)
   wake_publish(woken, wake_channel, shard)
-  event_emit(events_key, event_cap, 'e', 'acked', 'runs', table.concat(acked, ','), 'at', now)
+  event_emit_marked(events_key, event_cap, meta[2], meta[3], 'e', 'acked', 'runs',
+    table.concat(acked, ','), 'at', now)
 end
 return codes

@@ -29,37 +29,45 @@ local tag = string.sub(events_key, 1, -7)
 
 --!include lib/delivery.lua
 --!include lib/clock.lua
---!include lib/wheel.lua
 --!include lib/retry.lua
 
-local reports = delivery_reports(KEYS, ARGV, 8, 8, group)
-local promoted_until = wheel_promoted_until(tag .. 'meta')
-local record_of = delivery_loader(tag, reports, promoted_until)
+local n = delivery_ack_all(KEYS, ARGV, 8, 8, group)
+-- meta, read once: where the near level ends, and the event log's archive mark.
+local meta = redis.call('HMGET', tag .. 'meta', 'promoted_until', 'archived', 'archive_cap')
+local promoted_until = tonumber(meta[1]) or 0
+local record_of = delivery_loader(tag, ARGV, 8, 8, n, promoted_until)
+local now = clock_now_ms(now_override)
 local ctx = {
-  now = clock_now_ms(now_override), defaults = defaults, reason = 'failed',
+  now = now, now_packed = cmsgpack.pack(now), defaults = defaults, reason = 'failed',
   bucket_ms = bucket_ms, events_key = events_key, event_cap = event_cap,
   wake_channel = wake_channel, shard = shard, promoted_until = promoted_until, policies = {},
-  retried = { runs = {}, errors = {}, near = {}, wake = 0 },
+  retried = { runs = {}, errors = {}, near = {}, marks = {}, n = 0, wake = 0 }, heads = {},
+  archived = meta[2], archive_cap = meta[3],
 }
-local replies, handled = {}, {}
-for i, report in ipairs(reports) do
-  local run_id, attempt, at = report[3], report[4], report[5]
+local replies, handled, numbers = delivery_array(ARGV, n), {}, {}
+local at = 8
+for i = 1, n do
+  local run_id, text = ARGV[at + 2], ARGV[at + 3]
+  local attempt = numbers[text] or delivery_number(numbers, text)
   if handled[run_id] then
     replies[i] = { 0 }
   else
-    local r, bkey, field = record_of(i)
+    local r, bkey, field, raw = record_of(i)
     if r == nil then
       replies[i] = { -1 }
     elseif not delivery_live(r, attempt) then
       replies[i] = { 0 }
     else
-      ctx.field, ctx.error, ctx.permanent = field, ARGV[at + 4], ARGV[at + 5] == '1'
-      ctx.delay_ms, ctx.rand = tonumber(ARGV[at + 6]), tonumber(ARGV[at + 7])
+      ctx.field, ctx.raw, ctx.error, ctx.permanent = field, raw, ARGV[at + 4], ARGV[at + 5] == '1'
+      local delay = ARGV[at + 6]
+      ctx.delay_ms = delay ~= '' and tonumber(delay) or nil
+      ctx.rand = tonumber(ARGV[at + 7])
       local outcome, detail = retry_or_bury(tag, bkey, run_id, r, ctx)
       handled[run_id] = true
       replies[i] = { outcome == 'retry' and 1 or 2, detail }
     end
   end
+  at = at + 8
 end
 retry_flush(tag, ctx)
 return replies

@@ -2,6 +2,9 @@
 -- change (docs/design.md).
 --
 --   event_emit(events_key, cap, field, value, ...)   XADD one entry and trim the log.
+--   event_emit_marked(events_key, cap, archived, archive_cap, field, value, ...)   the
+--       same, for a caller that read meta's 'archived' and 'archive_cap' with its own
+--       fields of meta (one HMGET).
 --
 -- Trimming. With no archiver, MAXLEN ~ cap: about the newest `cap` entries stay.
 -- With an archiver, the shard's meta hash holds 'archived' (id of the newest entry that
@@ -11,18 +14,22 @@
 -- still has to read is dropped. Past 'archive_cap' entries (an archiver stopped for good)
 -- MAXLEN ~ archive_cap trims regardless, so Redis cannot fill up; the archiver reports
 -- the gap when it comes back. Both trims are '~' (whole stream nodes): O(1) per call.
-local function event_emit(events_key, cap, ...)
-  local meta = string.sub(events_key, 1, -7) .. 'meta'
-  local mark = redis.call('HMGET', meta, 'archived', 'archive_cap')
-  if not mark[1] then
+local function event_emit_marked(events_key, cap, archived, archive_cap, ...)
+  if not archived then
     redis.call('XADD', events_key, 'MAXLEN', '~', cap, '*', ...)
     return
   end
   redis.call('XADD', events_key, '*', ...)
   local length = redis.call('XLEN', events_key)
-  if mark[2] and length > tonumber(mark[2]) then
-    redis.call('XTRIM', events_key, 'MAXLEN', '~', mark[2])
+  if archive_cap and length > tonumber(archive_cap) then
+    redis.call('XTRIM', events_key, 'MAXLEN', '~', archive_cap)
   elseif length > tonumber(cap) then
-    redis.call('XTRIM', events_key, 'MINID', '~', mark[1])
+    redis.call('XTRIM', events_key, 'MINID', '~', archived)
   end
+end
+
+local function event_emit(events_key, cap, ...)
+  local meta = string.sub(events_key, 1, -7) .. 'meta'
+  local mark = redis.call('HMGET', meta, 'archived', 'archive_cap')
+  event_emit_marked(events_key, cap, mark[1], mark[2], ...)
 end

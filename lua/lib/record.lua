@@ -22,9 +22,17 @@
 --   record_put(bkey, run_id, raw);  record_save(bkey, run_id, r, field) -> raw (field:
 --       the run's field in bkey when the caller has it, else worked out);
 --   record_delete(bkey, run_id).
---   record_finish(bkey, field, r, raw, state, now, now_packed)   a run ends: r, as read
---       from raw (with a sent run's state and attempt), takes `state` and updated = now
---       (now_packed = cmsgpack.pack(now), once per call) and is written to field of bkey.
+--   record_finish(bkey, field, r, raw, state, now, now_packed, heads)   a run ends: r, as
+--       read from raw (with a sent run's state and attempt), takes `state` and updated = now
+--       (now_packed = cmsgpack.pack(now), once per call) and is written to field of bkey;
+--       heads (optional): a table a call finishing many runs in one state keeps for it.
+--   record_retried(raw, r, due_packed, now_packed, error_packed, heads) -> out | nil   the
+--       bytes record_pack gives for r, read from raw (with a sent run's state and attempt),
+--       once it waits for a retry: state scheduled, due, updated and error taken from the
+--       packed values given; nil when raw is not in a form patched (then pack r whole).
+--       heads (optional): as for record_finish.
+--   record_head(heads, state, attempt) -> bytes   a record's first two bytes for a small
+--       state and attempt (one byte each), made once per attempt into heads (optional).
 local R_STATE, R_ATTEMPT, R_DUE, R_TENANT, R_QUEUE, R_CREATED = 1, 2, 3, 4, 5, 6
 local R_PAYLOAD, R_OPTS, R_UPDATED, R_ERROR, R_SCHEDULE, R_DEAD = 7, 8, 9, 10, 11, 12
 local ST_SCHEDULED, ST_DISPATCHED, ST_SUCCEEDED, ST_CANCELLED, ST_DEAD = 0, 1, 2, 3, 4
@@ -105,12 +113,12 @@ local function record_sent(tag, run_id, r, promoted_until, near, parked)
 end
 
 -- A record as it is: a sent run says dispatched, at the attempt it was sent with
--- (r.sent marks the difference from what is stored; record_save writes it).
+-- (record_save writes it).
 local function record_load(bkey, run_id, promoted_until)
   local r, raw = record_read(bkey, run_id)
   if r and r[R_STATE] == ST_SCHEDULED and
       record_sent(string.sub(bkey, 1, -5), run_id, r, promoted_until) then
-    r[R_STATE], r[R_ATTEMPT], r.sent = ST_DISPATCHED, r[R_ATTEMPT] + 1, true
+    r[R_STATE], r[R_ATTEMPT] = ST_DISPATCHED, r[R_ATTEMPT] + 1
   end
   return r, raw
 end
@@ -178,13 +186,26 @@ end
 local RECORD_FILL = { [0] = '', '\192', '\192\192', '\192\192\192', '\192\192\192\192',
   '\192\192\192\192\192', '\192\192\192\192\192\192' }
 
+-- The first two bytes of a record whose state and attempt are small (one byte each), by
+-- attempt, for one state (heads: the caller's table for it).
+local function record_head(heads, state, attempt)
+  local head = heads and heads[attempt]
+  if head == nil then
+    head = string.char(state, attempt)
+    if heads then
+      heads[attempt] = head
+    end
+  end
+  return head
+end
+
 -- A record whose values end at opts at most (no updated, error, schedule or dead letter:
 -- a one-shot run finishing its first life) is patched rather than packed again, which
 -- is what it costs most: state and attempt are its first two bytes (small integers, one
 -- byte each), and updated is appended. The result is the bytes record_pack would give.
 -- A record not in that form (a last byte that is a nil: one packed with its trailing nils,
--- as earlier versions did) is packed as a whole.
-local function record_finish(bkey, field, r, raw, state, now, now_packed)
+-- as earlier versions did) is packed as a whole. A patched r takes the new state only.
+local function record_finish(bkey, field, r, raw, state, now, now_packed, heads)
   local attempt = r[R_ATTEMPT]
   local first, second = string.byte(raw, 1, 2)
   local out
@@ -195,12 +216,63 @@ local function record_finish(bkey, field, r, raw, state, now, now_packed)
     while r[n] == nil do
       n = n - 1
     end
-    out = string.char(state, attempt) .. string.sub(raw, 3) .. RECORD_FILL[R_OPTS - n] ..
-      now_packed
-    r[R_STATE], r[R_UPDATED] = state, now
+    local head = heads and heads[attempt] or record_head(heads, state, attempt)
+    out = head .. string.sub(raw, 3) .. RECORD_FILL[R_OPTS - n] .. now_packed
+    r[R_STATE] = state
   else
     r[R_STATE], r[R_UPDATED] = state, now
     out = record_pack(r)
   end
   redis.call('HSET', bkey, field, out)
+end
+
+-- Sizes of msgpack numbers by their first byte, past the one-byte fixints (0x00-0x7f,
+-- 0xe0-0xff): unsigned and signed integers of 1, 2, 4, 8 bytes, float, double.
+local MP_NUMBER_SIZE = { [0xcc] = 2, [0xcd] = 3, [0xce] = 5, [0xcf] = 9, [0xd0] = 2,
+  [0xd1] = 3, [0xd2] = 5, [0xd3] = 9, [0xca] = 5, [0xcb] = 9 }
+
+-- A retry rewrites state, attempt, due, updated and error and keeps every other value: so
+-- the record is patched, not packed again (a whole pack makes a string of each value and
+-- joins them). State and attempt are its first two bytes (one byte each), due follows
+-- (its size read from its first byte); the values from tenant to opts are copied as they
+-- are, then come updated and error (a nil put in for opts when the record ended before it,
+-- the record's own updated and error replaced when it has them), then whatever follows
+-- (schedule, dead letter) as it is. A record in another form (a longer state, attempt or
+-- due; one ending in a nil, which a whole pack would leave out) gives nil.
+local function record_retried(raw, r, due_packed, now_packed, error_packed, heads)
+  local attempt = r[R_ATTEMPT]
+  local first, second, third = string.byte(raw, 1, 3)
+  if third == nil or first >= 128 or second >= 128 or attempt < 0 or attempt >= 128 or
+      string.byte(raw, -1) == 192 then
+    return nil
+  end
+  local due_size = 1
+  if third >= 128 and third < 0xe0 then
+    due_size = MP_NUMBER_SIZE[third]
+    if due_size == nil then
+      return nil
+    end
+  end
+  local head = heads and heads[attempt] or record_head(heads, ST_SCHEDULED, attempt)
+  -- Offsets are 0-based: past tenant, queue, created, payload and opts; -1 if the record
+  -- ends there or before.
+  local at = cmsgpack.unpack_limit(raw, 5, 2 + due_size)
+  if at < 0 then
+    local n = R_OPTS
+    while r[n] == nil do
+      n = n - 1
+    end
+    if n < R_QUEUE then
+      return nil
+    end
+    return head .. due_packed .. string.sub(raw, 3 + due_size) .. RECORD_FILL[R_OPTS - n] ..
+      now_packed .. error_packed
+  end
+  local rest = cmsgpack.unpack_limit(raw, 2, at)
+  local tail = ''
+  if rest >= 0 then
+    tail = string.sub(raw, rest + 1)
+  end
+  return head .. due_packed .. string.sub(raw, 3 + due_size, at) .. now_packed .. error_packed ..
+    tail
 end

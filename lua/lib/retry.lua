@@ -8,14 +8,17 @@
 --       ctx: now, defaults, error, reason, permanent, delay_ms (nil = backoff), rand,
 --       bucket_ms, events_key, event_cap, and wake_channel, shard (optional); and for a
 --       call reporting many runs (run_fail), promoted_until, policies (a table of the
---       policies met so far, by opts), retried (see retry_flush) and field (the run's
---       field in bkey).
+--       policies met so far, by opts), retried (see retry_flush), field (the run's
+--       field in bkey), raw (its record as stored: a retry patches it, record_retried),
+--       now_packed (cmsgpack.pack(now)), heads (a table of record_retried's; the
+--       packed error of the last retry is kept beside, packed_error and error_packed), the
+--       event log's archive mark as meta holds it, archived and archive_cap (false: none).
 --   retry_flush(tag, ctx)   what the retries collected in ctx.retried ({runs = {},
---       errors = {}, near = {}, wake = 0}) share: the runs due before promoted_until go
---       into the near level with one ZADD per tenant, then one retry_scheduled entry for
---       the call (docs/design.md, the event log) and one wake message at most. Until
---       then those runs are in neither level: the caller answers a second report of a
---       run it already handled as stale without reading it.
+--       errors = {}, near = {}, marks = {}, n = 0, wake = 0}) share: the runs due before
+--       promoted_until go into the near level with one ZADD per tenant, then one
+--       retry_scheduled entry for the call (docs/design.md, the event log) and one wake
+--       message at most. Until then those runs are in neither level: the caller answers a
+--       second report of a run it already handled as stale without reading it.
 --
 -- policy: the task's own retry fields (record opts JSON, key 'retry') over the
 -- deployment defaults (a table with max_attempts, initial_s, factor, max_s, jitter).
@@ -72,39 +75,70 @@ local function retry_or_bury(tag, bkey, run_id, r, ctx)
     p = retry_policy(r, ctx.defaults)
   end
   local tenant = r[R_TENANT]
-  r[R_ERROR], r[R_UPDATED] = ctx.error, now
   if not ctx.permanent and r[R_ATTEMPT] < p.max_attempts then
     local delay = ctx.delay_ms or retry_backoff_ms(p, r[R_ATTEMPT], ctx.rand)
-    r[R_STATE], r[R_DUE] = ST_SCHEDULED, now + delay
+    local due = now + delay
+    r[R_STATE], r[R_DUE] = ST_SCHEDULED, due
     local batch = ctx.retried
     local wake = 0
-    if batch and r[R_DUE] < ctx.promoted_until then
-      local placed = batch.near[tenant]
-      if placed == nil then
-        placed = {}
-        batch.near[tenant] = placed
-      end
-      placed[#placed + 1], placed[#placed + 2] = r[R_DUE], run_id
-    else
-      wake = wheel_place(tag, tag .. 'meta', run_id, tenant, r[R_DUE], ctx.bucket_ms,
-        ctx.promoted_until)
-    end
-    record_save(bkey, run_id, r, ctx.field)
     if batch then
-      local n = #batch.runs + 1
-      batch.runs[n] = string.format('%s:%s:%d:%d', run_id, tenant, r[R_ATTEMPT], r[R_DUE])
+      -- One integer format, for the event's run list and the near level's score.
+      local due_text = string.format('%d', due)
+      if due < ctx.promoted_until then
+        local placed = batch.near[tenant]
+        if placed == nil then
+          placed = { earliest = due, n = 0 }
+          batch.near[tenant] = placed
+        elseif due < placed.earliest then
+          placed.earliest = due
+        end
+        local k = placed.n
+        -- The score as text (an integer, as due always is but for a test's clock).
+        placed[k + 1], placed[k + 2], placed.n = due % 1 == 0 and due_text or due, run_id, k + 2
+      else
+        wake = wheel_place(tag, tag .. 'meta', run_id, tenant, due, ctx.bucket_ms,
+          ctx.promoted_until)
+      end
+      local out = nil
+      if ctx.raw then
+        -- The error packed once while the runs of a call report the same one.
+        if ctx.error ~= ctx.packed_error then
+          ctx.packed_error, ctx.error_packed = ctx.error, cmsgpack.pack(ctx.error)
+        end
+        out = record_retried(ctx.raw, r, cmsgpack.pack(due), ctx.now_packed, ctx.error_packed,
+          ctx.heads)
+      end
+      if out then
+        redis.call('HSET', bkey, ctx.field, out)
+      else
+        r[R_ERROR], r[R_UPDATED] = ctx.error, now
+        record_save(bkey, run_id, r, ctx.field)
+      end
+      local attempt = r[R_ATTEMPT]
+      local mark = batch.marks[attempt]
+      if mark == nil then
+        mark = ':' .. string.format('%d', attempt) .. ':'
+        batch.marks[attempt] = mark
+      end
+      local n = batch.n + 1
+      batch.n = n
+      batch.runs[n] = run_id .. ':' .. tenant .. mark .. due_text
       batch.errors[n] = ctx.error
       if wake == 1 then
         batch.wake = 1
       end
-      return 'retry', r[R_DUE]
+      return 'retry', due
     end
+    r[R_ERROR], r[R_UPDATED] = ctx.error, now
+    wake = wheel_place(tag, tag .. 'meta', run_id, tenant, due, ctx.bucket_ms, ctx.promoted_until)
+    record_save(bkey, run_id, r, ctx.field)
     wake_publish(wake, ctx.wake_channel, ctx.shard)
     event_emit(ctx.events_key, ctx.event_cap, 'e', 'retry_scheduled', 'id', run_id,
-      'tenant', tenant, 'attempt', r[R_ATTEMPT], 'at', now, 'due_ms', r[R_DUE],
+      'tenant', tenant, 'attempt', r[R_ATTEMPT], 'at', now, 'due_ms', due,
       'reason', ctx.reason, 'error', ctx.error)
-    return 'retry', r[R_DUE]
+    return 'retry', due
   end
+  r[R_ERROR], r[R_UPDATED] = ctx.error, now
   local entry = dead_letter(tag, run_id, r, ctx.reason, ctx.error, now)
   r[R_STATE], r[R_DEAD] = ST_DEAD, entry
   record_save(bkey, run_id, r, ctx.field)
@@ -126,12 +160,12 @@ end
 -- of runs.
 local function retry_flush(tag, ctx)
   local batch = ctx.retried
-  local n = #batch.runs
+  local n = batch.n
   if n == 0 then
     return
   end
   for tenant, placed in pairs(batch.near) do
-    if wheel_place_near(tag, tenant, placed) == 1 then
+    if wheel_place_near(tag, tenant, placed, placed.n, placed.earliest) == 1 then
       batch.wake = 1
     end
   end
@@ -144,11 +178,12 @@ local function retry_flush(tag, ctx)
     end
   end
   local runs = table.concat(batch.runs, ',')
+  local k, cap = ctx.events_key, ctx.event_cap
   if same then
-    event_emit(ctx.events_key, ctx.event_cap, 'e', 'retry_scheduled', 'runs', runs, 'at', ctx.now,
-      'reason', ctx.reason, 'error', errors[1])
+    event_emit_marked(k, cap, ctx.archived, ctx.archive_cap, 'e', 'retry_scheduled', 'runs', runs,
+      'at', ctx.now, 'reason', ctx.reason, 'error', errors[1])
   else
-    event_emit(ctx.events_key, ctx.event_cap, 'e', 'retry_scheduled', 'runs', runs, 'at', ctx.now,
-      'reason', ctx.reason, 'errors', cjson.encode(errors))
+    event_emit_marked(k, cap, ctx.archived, ctx.archive_cap, 'e', 'retry_scheduled', 'runs', runs,
+      'at', ctx.now, 'reason', ctx.reason, 'errors', cjson.encode(errors))
   end
 end

@@ -9,9 +9,10 @@
 --
 --   wheel_place(tag, meta, run_id, tenant, due_ms, bucket_ms, promoted_until) -> wake
 --       put a scheduled run in its level (promoted_until optional).
---   wheel_place_near(tag, tenant, placed) -> wake   many runs of one tenant, each due
---       before promoted_until, into the near level at once (placed: {due_ms, run_id, ...}),
---       as wheel_place one by one would.
+--   wheel_place_near(tag, tenant, placed, n, earliest) -> wake   many runs of one tenant,
+--       each due before promoted_until, into the near level at once (placed[1..n]: {due_ms,
+--       run_id, ...}, a due_ms as a number or its text; earliest: the least due_ms), as
+--       wheel_place one by one would.
 --   wheel_remove(tag, run_id, tenant, due_ms, bucket_ms, queue)   take it out again
 --       (queue: also out of its pair's park set, lib/park.lua).
 --   wheel_retain(tag, run_id, finished_ms, bucket_ms)   index a finished record for expiry;
@@ -77,14 +78,8 @@ end
 
 -- The runs of one tenant that a call (run_fail) puts back in the near level: one ZADD for
 -- them all, and the due index moved to the earliest of them (the only one that can wake).
-local function wheel_place_near(tag, tenant, placed)
-  redis.call('ZADD', tag .. 'near:' .. tenant, unpack(placed))
-  local earliest = placed[1]
-  for i = 3, #placed, 2 do
-    if placed[i] < earliest then
-      earliest = placed[i]
-    end
-  end
+local function wheel_place_near(tag, tenant, placed, n, earliest)
+  redis.call('ZADD', tag .. 'near:' .. tenant, unpack(placed, 1, n))
   local due_key = tag .. 'due'
   if redis.call('ZADD', due_key, 'LT', 'CH', earliest, tenant) == 0 then
     return 0

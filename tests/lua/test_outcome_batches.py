@@ -343,3 +343,68 @@ async def test_finished_runs_expire_in_bounded_calls_from_lists_and_older_hash_b
         engine.keys.legacy_retained(shard, earlier),
     ):
         assert not await client.exists(key)
+
+
+async def test_a_retry_writes_the_record_a_full_rewrite_would(engine: Engine) -> None:
+    """A retry patches state, attempt, due, updated and error into the stored record and
+    keeps the rest as it is: the stored bytes are the canonical packing of the record a
+    full rewrite would store, for a first failure (with and without opts), a second one
+    (updated and error replaced) and a record with values past the error (kept)."""
+    await engine.tasks.create_many(
+        [
+            NewTask(
+                tenant=TENANT,
+                payload_json='"p"',
+                run_at_ms=NOW + 100,
+                options={"visibility_timeout_s": 60} if i % 2 else {},
+            )
+            for i in range(48)
+        ]
+    )
+    delivered = await read_all(engine)
+    shard, _ = Counter(engine.keys.shard_of_key(d.stream) for d in delivered).most_common(1)[0]
+    mine = [d for d in delivered if engine.keys.shard_of_key(d.stream) == shard]
+    assert any(d.visibility_timeout_ms is None for d in mine)
+    assert any(d.visibility_timeout_ms is not None for d in mine)
+    # One record carries a dead letter id after nils for opts, updated, error, schedule,
+    # as a record packed with its nils would: the retry keeps what follows the error.
+    tailed = next(d for d in mine if d.visibility_timeout_ms is None)
+    key, field = engine.keys.body(shard, tailed.run_id), engine.keys.body_field(tailed.run_id)
+    raw = await stored(engine, shard, tailed.run_id)
+    await engine.client.hset(key, field, raw + b"\xc0\xc0\xc0\xc0\xa31-1")
+
+    async def check(batch: list[Delivery], now: int, error: str) -> None:
+        before = {
+            d.run_id: record.decode_fields(await stored(engine, shard, d.run_id), sent=True)
+            for d in batch
+        }
+        results = await engine.outcomes.fail_many(
+            [Failure(d, error, delay_ms=10) for d in batch], GROUP, now_ms=now
+        )
+        assert [r.outcome for r in results] == ["retry"] * len(batch)
+        for d in batch:
+            raw = await stored(engine, shard, d.run_id)
+            key = engine.keys.body(shard, d.run_id)
+            repacked: Any = await engine.client.eval(REPACK, 1, key, raw)
+            assert raw == bytes(repacked), d.run_id
+            expected = list(before[d.run_id])
+            expected[0], expected[2], expected[8], expected[9] = (
+                TaskState.SCHEDULED,
+                now + 10,
+                now,
+                error,
+            )
+            assert record.decode_fields(raw) == expected, d.run_id
+
+    await check(mine, NOW + 1200, "RuntimeError: first")
+    assert record.decode_fields(await stored(engine, shard, tailed.run_id))[11] == "1-1"
+    # Out again at attempt 2, failed again: updated and error are replaced.
+    await tick_all(engine, NOW + 1300)
+    again: list[Delivery] = []
+    for stream in {d.stream for d in mine}:
+        reply: Any = await engine.client.xreadgroup(GROUP, "c", {stream: ">"}, count=1000)
+        for _, entries in reply or []:
+            again.extend(parse_entry(stream, eid, f) for eid, f in entries)
+    assert sorted(d.run_id for d in again) == sorted(d.run_id for d in mine)
+    assert {d.attempt for d in again} == {2}
+    await check(again, NOW + 1400, "ValueError: a longer second error than the first one")
