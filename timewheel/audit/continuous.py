@@ -166,6 +166,8 @@ class ContinuousAuditor:
         self._steps = 0
         self._work_s = 0.0
         """What the current pass's steps took, pauses left out."""
+        self._next_step = 0.0
+        """When the current pass's next step may run (after its pause)."""
         self._pass_started = 0.0
 
     @property
@@ -201,6 +203,8 @@ class ContinuousAuditor:
 
     async def _step(self) -> None:
         now = time.monotonic()
+        if self.current is not None and now < self._next_step:
+            return  # woken early (canaries, the lease round): the pause still holds
         if self.current is None:
             if now < self._next_pass:
                 return
@@ -224,6 +228,7 @@ class ContinuousAuditor:
         took = time.monotonic() - began
         self._work_s += took
         self._floor_s = share_pause(took, self.settings.audit_max_share)
+        self._next_step = began + took + max(self._pause_s, self._floor_s)
         if done:
             self.current = None
             await self._finish(audit)
@@ -360,8 +365,7 @@ class ContinuousAuditor:
 
     def _wait_s(self) -> float:
         now = time.monotonic()
-        paused = max(self._pause_s, self._floor_s)
-        waits = [paused if self.current is not None else self._next_pass - now]
+        waits = [self._next_step - now if self.current is not None else self._next_pass - now]
         if self.canaries is not None and self.settings.canary_interval_ms > 0:
             waits.append(self._next_canary - now)
             if self.canaries.waiting:

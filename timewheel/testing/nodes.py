@@ -33,6 +33,7 @@ def settings_env(settings: Settings) -> dict[str, str]:
         "TIMEWHEEL_RETENTION_MS": str(settings.retention_ms),
         "TIMEWHEEL_AUDIT_INTERVAL_MS": str(settings.audit_interval_ms),
         "TIMEWHEEL_AUDIT_STEP_BUDGET": str(settings.audit_step_budget),
+        "TIMEWHEEL_AUDIT_MAX_SHARE": str(settings.audit_max_share),
         "TIMEWHEEL_AUDIT_ARCHIVER_BEHIND_MS": str(settings.audit_archiver_behind_ms),
         "TIMEWHEEL_CANARY_INTERVAL_MS": str(settings.canary_interval_ms),
         "TIMEWHEEL_CANARY_DEADLINE_MS": str(settings.canary_deadline_ms),
