@@ -1,7 +1,9 @@
 --[[ audit_stream: check ready streams of one shard, one bounded step of entries at a time,
   against their runs' records and their consumer groups (docs/operations/auditing.md).
   KEYS[1] scratch  HASH tag..'audit:'..pass (audit_records): a run whose entry is found at
-                   the attempt it is out with is taken off it; its TTL is set to ARGV[7]
+                   the attempt it is out with is taken off it, and each stream read gets a
+                   field '~'..stream (audit_confirm judges only runs of streams read); its
+                   TTL is set to ARGV[7]
   KEYS[2 ..] stream  STREAM tag..'q:'..tenant..':'..queue, each of the same shard (the tag
                    is KEYS[1] up to '}:'), read in order
   ARGV[1] where to go on in KEYS[2]: '<last entry id read> <last entry id to read>', as a
@@ -128,6 +130,10 @@ while done < #KEYS - 1 and examined < limit do
   if rcall('EXISTS', stream) == 1 then
     local tenant, queue = string.match(string.sub(stream, #tag + 3), '^([^:]+):(.*)$')
     local groups = stream_groups(stream, tenant, after == '')
+    if after == '' then
+      rcall('HSET', scratch_key, '~' .. stream, '1')
+      wrote = true
+    end
     if upto == nil then
       local last = rcall('XREVRANGE', stream, '+', '-', 'COUNT', 1)[1]
       upto = last and last[1]

@@ -273,3 +273,27 @@ async def test_a_stream_is_read_up_to_its_last_entry_when_its_reading_began(
         step = await engine.store.run(calls.streams(shard, scratch, [stream], step.cursor))
         read, findings = read + step.examined, findings + step.findings
     assert (read, findings) == (10, [])
+
+
+async def test_a_stream_made_after_the_pass_listed_the_keys_is_not_judged_without_it(
+    engine: Engine,
+) -> None:
+    """A pass reads the streams it listed when it began. A tenant's first runs sent after
+    that are out in a stream the pass never reads: not judged (the next pass reads it),
+    where a stream that is gone leaves its runs out with no entry anywhere."""
+    await prime(engine)
+    stepped = AuditPass(engine.store, AuditOptions(now_ms=NOW + 1_000), keep=1_000)
+    while not stepped.discovery.done:
+        await stepped.discovery.step()
+    made = await engine.tasks.create_many([NewTask("late", run_at_ms=NOW) for _ in range(5)])
+    assert await tick_all(engine, NOW + 1_000) == 5
+    while not await stepped.step(100):
+        pass
+    report = stepped.report()
+    assert report.clean, report.findings
+    assert (await audit(engine, NOW + 1_000)).clean  # the next pass reads the stream
+
+    shard = engine.store.shards_of("late")[0]
+    await engine.client.delete(engine.keys.stream(shard, "late", "default"))
+    gone = await audit(engine, NOW + 1_000)
+    assert found(gone) == {("dispatched_without_entry", m.task_id) for m in made}

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from timewheel.api import create_app
 from timewheel.config import Settings
@@ -342,6 +343,85 @@ async def test_a_clean_deployment_under_a_herd_and_steady_load_reports_nothing(
         for t in tenants:
             assert samples[f'timewheel_tenant_dispatch_lag_seconds_count{{tenant="{t}"}}'] > 0
         assert not [k for k in samples if re.search(r'tenant="~', k)]
+    finally:
+        stop.set()
+        await asyncio.gather(*running, return_exceptions=True)
+        node.stop()
+        await engine.close()
+
+
+@pytest.mark.timeout(420)
+async def test_a_clean_deployment_at_full_load_reports_nothing(
+    standalone_url: str, tmp_path: Path
+) -> None:
+    """The load of the audit's promise: a herd of 100,000 runs due in one second, then
+    10,000 runs a second for 3 s, each acknowledged by a worker, with the auditor
+    passing through; no pass during or after it finds anything."""
+    settings = audit_settings(standalone_url, retry_initial_ms=100)
+    engine = await Engine.connect(settings)
+    port = find_free_port()
+    node = NodeProcess(settings, "full", tmp_path, ttl_ms=2000, metrics_port=port)
+    tenants = [f"full-{i}" for i in range(8)]
+    acked: set[str] = set()
+
+    async def handle(d: Delivery) -> None:
+        acked.add(d.run_id)
+
+    workers = [Worker(engine.store, t, "default", concurrency=50) for t in tenants]
+    stop = asyncio.Event()
+    running: list[asyncio.Task[Any]] = []
+    created: set[str] = set()
+    # Every pass seen: pass id -> (when first seen, ms; its length, s; its counts).
+    passes: dict[str, tuple[float, float, dict[str, int]]] = {}
+
+    async def watch(client: httpx.AsyncClient) -> None:
+        while not stop.is_set():
+            doc = await latest(client, settings.admin_key)
+            if doc is not None and doc["pass_id"] not in passes:
+                passes[doc["pass_id"]] = (time.time() * 1000, doc["seconds"], doc["counts"])
+            await asyncio.sleep(0.3)
+
+    try:
+        node.wait_started()
+        async with api(engine) as client:
+            watcher = asyncio.create_task(watch(client))
+            herd_at = int(time.time() * 1000) + 15_000  # after the herd is created
+            for start in range(0, 100_000, 5_000):
+                batch = [
+                    NewTask(tenants[i % 8], run_at_ms=herd_at + i % 1000)
+                    for i in range(start, start + 5_000)
+                ]
+                created |= {c.task_id for c in await engine.tasks.create_many(batch)}
+            running = [asyncio.create_task(w.run(handle, stop)) for w in workers]
+            while time.time() * 1000 < herd_at + 1000:
+                await asyncio.sleep(0.05)
+            steady_from = time.monotonic()
+            for tick in range(300):  # then 10,000 a second for 3 s, 100 every 10 ms
+                due = int(time.time() * 1000) + 500
+                batch = [NewTask(tenants[i % 8], run_at_ms=due + i // 10) for i in range(100)]
+                created |= {c.task_id for c in await engine.tasks.create_many(batch)}
+                pause = steady_from + (tick + 1) * 0.01 - time.monotonic()
+                if pause > 0:
+                    await asyncio.sleep(pause)
+            assert len(created) == 130_000
+
+            async def all_acked() -> bool:
+                return created <= acked
+
+            await wait_for(all_acked, 240, "every run acknowledged")
+            load_end = time.time() * 1000
+
+            async def pass_after() -> bool:
+                return any(seen - seconds * 1000 > load_end for seen, seconds, _ in passes.values())
+
+            await wait_for(pass_after, 120, "a pass begun after the load")
+            stop.set()
+            await watcher
+        # A pass read the deployment during the load, one after it; none found anything.
+        assert any(seen - seconds * 1000 < load_end for seen, seconds, _ in passes.values())
+        assert all(counts == {} for _, _, counts in passes.values()), passes
+        samples = scrape(port)
+        assert all(v == 0 for k, v in samples.items() if k.startswith("timewheel_audit_findings{"))
     finally:
         stop.set()
         await asyncio.gather(*running, return_exceptions=True)
