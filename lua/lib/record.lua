@@ -113,12 +113,13 @@ local function record_sent(tag, run_id, r, promoted_until, near, parked)
 end
 
 -- A record as it is: a sent run says dispatched, at the attempt it was sent with
--- (record_save writes it).
+-- (r.sent marks the difference from what is stored: raw no longer tells the run as it
+-- is; record_save writes it).
 local function record_load(bkey, run_id, promoted_until)
   local r, raw = record_read(bkey, run_id)
   if r and r[R_STATE] == ST_SCHEDULED and
       record_sent(string.sub(bkey, 1, -5), run_id, r, promoted_until) then
-    r[R_STATE], r[R_ATTEMPT] = ST_DISPATCHED, r[R_ATTEMPT] + 1
+    r[R_STATE], r[R_ATTEMPT], r.sent = ST_DISPATCHED, r[R_ATTEMPT] + 1, true
   end
   return r, raw
 end
