@@ -35,7 +35,7 @@ from timewheel.config import Settings
 from timewheel.engine import Engine, NewTask
 from timewheel.limits import Limiter, Usage
 from timewheel.store.server import RedisServer
-from timewheel.tasks.ops import CapOf
+from timewheel.tasks.creates import CapOf
 from timewheel.tenants import Limits, Tenant
 
 RESULTS = Path(__file__).resolve().parent / "results" / "engine_create.json"

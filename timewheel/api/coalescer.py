@@ -16,8 +16,9 @@ from __future__ import annotations
 import asyncio
 
 from timewheel.errors import OverLimit, RedisUnavailable, StorageFull, TimewheelError
+from timewheel.tasks.creates import CapOf
 from timewheel.tasks.model import CreateResult, NewTask
-from timewheel.tasks.ops import CapOf, TaskOps
+from timewheel.tasks.ops import TaskOps
 
 _Item = tuple[NewTask, "asyncio.Future[CreateResult]"]
 

@@ -32,8 +32,9 @@ from timewheel.errors import RedisUnavailable, TimewheelError
 from timewheel.runs.delivery import Delivery, parse_entry
 from timewheel.runs.outcomes import Outcomes
 from timewheel.store.shard import Store
+from timewheel.tasks.creates import PreparedCreate, result_of
 from timewheel.tasks.model import NewTask
-from timewheel.tasks.ops import PreparedCreate, TaskOps, result_of
+from timewheel.tasks.ops import TaskOps
 from timewheel.types import ms_to_rfc3339
 
 CANARY_QUEUE = "canary"

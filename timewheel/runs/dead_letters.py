@@ -10,7 +10,7 @@ from redis.exceptions import RedisError
 from timewheel.errors import RedisUnavailable
 from timewheel.store.library import check
 from timewheel.store.shard import Call, Store, clock_arg
-from timewheel.tasks.ops import REFUSED, CapOf, refusal
+from timewheel.tasks.creates import REFUSED, CapOf, refusal
 from timewheel.types import field_int, field_text
 
 

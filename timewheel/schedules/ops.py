@@ -33,7 +33,8 @@ from timewheel.schedules.model import (
 from timewheel.schedules.spec import ScheduleSpec, fire_times, plan_fires
 from timewheel.store.library import ScriptArg, check
 from timewheel.store.shard import Call, Store, clock_arg
-from timewheel.tasks.ops import REFUSED, CapOf, TaskOps, refusal
+from timewheel.tasks.creates import REFUSED, CapOf, refusal
+from timewheel.tasks.ops import TaskOps
 from timewheel.types import text
 
 MAX_BACKFILL = 1000
