@@ -202,6 +202,7 @@ async def _send(
     for c in calls:
         pipe.execute_command("FCALL", c.script.function, len(c.keys), *c.keys, *c.args)
     waits: list[tuple[str, Any]] = []
+    planned: list[str] = []
     if replicas is not None:
         # Per node, the cluster pipeline sends that node's commands in order on one
         # connection: a WAIT routed there follows its writes.
@@ -211,14 +212,36 @@ async def _send(
             if node is None:
                 raise RedisUnavailable(f"no node serves {call.keys[0]!r}")
             nodes[node.name] = node
+            planned.append(node.name)
         for name, node in nodes.items():
             if await replicas.waits_on(client, name, node):
                 pipe.execute_command(*replicas.command, target_nodes=node)
                 waits.append((name, node))
+    slots = client.nodes_manager.slots_cache
     results = await pipe.execute(raise_on_error=False)
     replies = results[len(calls) :]
+    if waits and _rerouted(client, calls, planned, slots):
+        rerouted = RedisUnavailable("the cluster's topology changed while the writes were sent")
+        replies = [rerouted] * len(waits)
     acks = {name: (node, ack) for (name, node), ack in zip(waits, replies, strict=True)}
     return results[: len(calls)], acks
+
+
+def _rerouted(
+    client: RedisCluster, calls: list[ScriptCall], planned: list[str], slots: Any
+) -> bool:
+    """Whether redis-py sent some of a pipeline's calls elsewhere than planned, so a WAIT
+    may not have followed its writes: it re-read the topology and sent the pipeline again
+    (a WAIT sent again loses its target node, and goes to any node), or it followed a
+    MOVED and sent a call alone on another connection. Either way the WAITs' answers
+    prove nothing about those writes."""
+    if client.nodes_manager.slots_cache is not slots:
+        return True
+    for call, name in zip(calls, planned, strict=True):
+        node = client.get_node_from_key(call.keys[0])
+        if node is None or node.name != name:
+            return True
+    return False
 
 
 async def _send_packed(client: aioredis.Redis, commands: list[tuple[Any, ...]]) -> list[Any]:

@@ -105,6 +105,12 @@ class ReplicaWait:
                     "answered on its own AOF until one attaches",
                 )
                 continue
+            if isinstance(ack, Exception):
+                raise ReplicasBehind(
+                    f"the write reached its primary, but its replicas' confirmation could "
+                    f"not be read ({ack}); it may still be lost in a failover: retry it "
+                    "with the same idempotency key"
+                )
             raise ReplicasBehind(
                 f"the write reached {ack} of the {self.count} replica(s) it needs within "
                 f"{self.timeout_ms} ms; it may still be lost in a failover: retry it with "
