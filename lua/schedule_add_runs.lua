@@ -85,7 +85,7 @@ for _, run in ipairs(runs) do
   end
 end
 if #created > 0 then
-  event_emit(events_key, event_cap, 'e', 'created', 'at', string.format('%d', now),
+  event_emit(events_key, event_cap_for(event_cap, #created), 'e', 'created', 'at', string.format('%d', now),
     'runs', table.concat(created, ','))
 end
 event_emit(events_key, event_cap, 'e', origin == 'manual' and 'triggered' or 'backfilled',

@@ -40,8 +40,10 @@ class Settings:
     promote_batch: int = 2000
     """Most runs one promote call moves."""
     event_log_max: int = 10_000
-    """Approximate cap of each shard's event log stream. Once an archiver has run, the log
-    is trimmed only past its checkpoint (see archive_hard_cap and lua/lib/events.lua)."""
+    """Approximate cap of each shard's event log stream, in runs named: an entry naming n
+    runs (a batched create, a tick, a batch of acks) counts n. Once an archiver has run,
+    the log is trimmed only past its checkpoint (see archive_hard_cap and
+    lua/lib/events.lua)."""
     retention_ms: int = 86_400_000
     """How long finished task records stay readable (and dedupe idempotent creates)."""
     max_payload_bytes: int = 65_536

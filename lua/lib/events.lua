@@ -5,11 +5,19 @@
 --   event_emit_marked(events_key, cap, archived, archive_cap, field, value, ...)   the
 --       same, for a caller that read meta's 'archived' and 'archive_cap' with its own
 --       fields of meta (one HMGET).
+--   event_cap_for(cap, runs)   the cap to pass for an entry that names `runs` runs.
+--
+-- The cap counts runs: an entry that names n runs (a batched create, a tick, a batch of
+-- acks) is written against cap / n entries, so the log holds about the newest `cap`
+-- runs' events whatever the batch sizes, and its bytes stay bounded (entries of 500-run
+-- batches would otherwise keep 500 times as many runs). Trims are '~', whole stream
+-- nodes of at most 100 entries or 4 KB (stream-node-max-*): an entry past 4 KB is a
+-- node of its own, so big entries go one by one.
 --
 -- Trimming. With no archiver, MAXLEN ~ cap: about the newest `cap` entries stay.
 -- With an archiver, the shard's meta hash holds 'archived' (id of the newest entry that
 -- PostgreSQL holds; the archiver writes it after each commit, and a lagging value only
--- trims less) and 'archive_cap' (the hard cap). Then the log is trimmed only once it holds
+-- trims less) and 'archive_cap' (the hard cap, in entries). Then the log is trimmed only once it holds
 -- more than `cap` entries, and only up to the checkpoint (MINID ~), so no entry the archiver
 -- still has to read is dropped. Past 'archive_cap' entries (an archiver stopped for good)
 -- MAXLEN ~ archive_cap trims regardless, so Redis cannot fill up; the archiver reports
@@ -26,6 +34,13 @@ local function event_emit_marked(events_key, cap, archived, archive_cap, ...)
   elseif length > tonumber(cap) then
     redis.call('XTRIM', events_key, 'MINID', '~', archived)
   end
+end
+
+local function event_cap_for(cap, runs)
+  if runs <= 1 then
+    return cap
+  end
+  return math.max(1, math.floor(tonumber(cap) / runs))
 end
 
 local function event_emit(events_key, cap, ...)

@@ -178,7 +178,7 @@ local function retry_flush(tag, ctx)
     end
   end
   local runs = table.concat(batch.runs, ',')
-  local k, cap = ctx.events_key, ctx.event_cap
+  local k, cap = ctx.events_key, event_cap_for(ctx.event_cap, n)
   if same then
     event_emit_marked(k, cap, ctx.archived, ctx.archive_cap, 'e', 'retry_scheduled', 'runs', runs,
       'at', ctx.now, 'reason', ctx.reason, 'error', errors[1])

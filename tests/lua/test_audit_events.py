@@ -9,8 +9,10 @@ from typing import Any
 
 from timewheel.audit import AuditOptions, AuditPass
 from timewheel.audit.archived import ArchiveCheck
+from timewheel.audit.events import EventCheck
 from timewheel.audit.findings import Kind
 from timewheel.engine import Engine
+from timewheel.ids import shard_of
 from timewheel.runs.delivery import Delivery
 from timewheel.runs.worker import Worker
 from timewheel.tasks.model import NewTask
@@ -114,3 +116,30 @@ async def test_a_usage_count_its_records_do_not_give_is_found(engine: Engine) ->
     ]
     assert "the records give 1, the hash counts 3" in report.findings[0].detail
     assert (await audit(engine, NOW + 700)).clean  # without --events: not checked
+
+
+async def test_a_log_trimmed_past_the_window_during_a_pass_is_not_judged(
+    engine: Engine,
+) -> None:
+    """A record deleted while its run is open is run_lost; but if the log loses the
+    window's first entry before the pass ends, an event the pass relied on may be gone,
+    so the pass judges nothing rather than report what it cannot know."""
+    made = await engine.tasks.create(NewTask("acme", run_at_ms=NOW + 60_000))
+    shard, keys = shard_of(made.task_id), engine.keys
+    assert shard is not None
+    await engine.client.hdel(keys.body(shard, made.task_id), keys.body_field(made.task_id))
+
+    async def run(trim: bool) -> list[Kind]:
+        check = EventCheck(engine.store, shard, batch=100)
+        while check.phase in ("start", "window"):
+            await check.step()  # the window is read
+        if trim:  # a newer entry, and the window's first one trimmed away
+            await engine.tasks.create(NewTask("acme", run_at_ms=NOW + 60_000))
+            await engine.client.xtrim(keys.events(shard), maxlen=1, approximate=False)
+        kinds: list[Kind] = []
+        while not check.done:
+            kinds.extend(f.kind for f in (await check.step())[1])
+        return kinds
+
+    assert await run(trim=False) == [Kind.RUN_LOST]
+    assert await run(trim=True) == []

@@ -54,3 +54,28 @@ async def test_history_finds_a_run_in_a_batch_created_entry_for_its_tenant_only(
     mine = made[0].task_id  # tenant a's, in an entry that names runs of b too
     assert [e.kind for e in await run_history(engine.store, "a", mine)] == ["created"]
     assert await run_history(engine.store, "b", mine) == []
+
+
+async def test_the_cap_counts_runs_so_batched_entries_keep_no_more_runs_than_single_ones(
+    standalone_url: str,
+) -> None:
+    """event_log_max 1,000: single creates keep about 1,000 entries of one run each; calls
+    of 200 tasks keep entries naming about 1,000 runs, not 1,000 entries of 200 runs."""
+    engine = await Engine.connect(test_settings(standalone_url, shards=1, event_log_max=1000))
+    try:
+        events = engine.keys.events(0)
+
+        async def named() -> int:
+            entries: Any = await engine.client.xrange(events)
+            return sum(len(f[b"runs"].split(b",")) for _, f in entries if b"runs" in f)
+
+        for _ in range(30):  # 6,000 tasks in calls of 200: each entry 8 KB, a node of its own
+            await engine.tasks.create_many(
+                [NewTask(tenant="a", delay_ms=60_000) for _ in range(200)]
+            )
+        assert 1000 <= await named() <= 1400
+        one = [NewTask(tenant="a", delay_ms=60_000)]
+        await asyncio.gather(*(engine.tasks.create_many(one) for _ in range(3000)))
+        assert 1000 <= await engine.client.xlen(events) <= 1200  # single entries: as before
+    finally:
+        await engine.close()

@@ -11,7 +11,10 @@ judged.
 
 Bounded: the window is the newest ENTRIES_PER_SHARD entries of the shard's log, and at
 most RUNS_PER_SHARD runs of them are judged; a step reads at most `batch` entries or
-records.
+records. A pass whose window start was trimmed away before it ended judges nothing
+(an event it relied on may be gone): a log of big batched entries is short (its cap
+counts runs, lua/lib/events.lua), so under a steady stream of them a shard's check
+may wait for a calmer pass.
 """
 
 from __future__ import annotations
@@ -70,6 +73,8 @@ class EventCheck:
     upto: str = ""
     """The window's last entry id (L)."""
     cursor: str = ""
+    first: str = ""
+    """The window's first entry id: the log must still hold it when the pass ends."""
     seen: dict[str, _Seen] = field(default_factory=dict)
     records: dict[str, bytes | None] = field(default_factory=dict)
     pending: list[str] = field(default_factory=list)
@@ -96,13 +101,12 @@ class EventCheck:
 
     async def _start(self) -> int:
         client, key = self.store.client, self.store.keys.events(self.shard)
-        newest: Any = await client.xrevrange(key, count=1)
-        oldest: Any = await client.xrevrange(key, count=ENTRIES_PER_SHARD)
-        if not newest:
+        window: Any = await client.xrevrange(key, count=ENTRIES_PER_SHARD)
+        if not window:
             self.phase = "done"
             return 1
-        self.upto = _id(newest[0][0])
-        self.cursor = _id(oldest[-1][0])
+        self.upto = _id(window[0][0])
+        self.cursor = self.first = _id(window[-1][0])
         self.phase = "window"
         return 2
 
@@ -151,6 +155,9 @@ class EventCheck:
             self.cursor = "(" + _id(entries[-1][0])
             return len(entries), []
         self.phase = "done"
+        kept: Any = await client.xrange(key, min=self.first, max=self.first)
+        if not kept:  # trimmed past the window's start meanwhile: not judged this pass
+            self.records = {}
         findings = [f for run_id in sorted(self.records) if (f := self._judge(run_id))]
         self.examined = len(self.records)
         self.seen, self.records = {}, {}
@@ -254,10 +261,13 @@ async def usage_findings(
         entries: Any = await client.xrange(
             keys.events(shard), min="(" + since, max="+", count=USAGE_EVENTS_READ
         )
+        kept: Any = (
+            await client.xrange(keys.events(shard), min=since, max=since) if since != "0-0" else [1]
+        )
     except (RedisError, OSError) as exc:
         raise RedisUnavailable(f"reading usage counts of shard {shard}: {exc}") from exc
-    if len(entries) >= USAGE_EVENTS_READ:
-        return []
+    if len(entries) >= USAGE_EVENTS_READ or not kept:
+        return []  # busy, or trimmed past `since`: an event naming a tenant may be gone
     moved = {row[6] for entry_id, fields in entries for row in event_rows(shard, entry_id, fields)}
     out = []
     for tenant, raw in zip(tenants, hashes, strict=True):
