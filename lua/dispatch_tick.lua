@@ -287,8 +287,8 @@ if #tenants > 0 then
   rcall('HSET', meta_key, 'hwm', now)
 end
 if #runs > 0 then
-  event_emit(events_key, event_cap_for(event_cap, #runs / 2), 'e', 'dispatched', 'at', now_text, 'node', node,
-    'epoch', epoch, 'runs', string.sub(table.concat(runs), 1, -2))
+  event_emit(events_key, event_cap_for(event_cap, #runs / 2), 'e', 'dispatched',
+    'at', now_text, 'node', node, 'epoch', epoch, 'runs', string.sub(table.concat(runs), 1, -2))
 end
 
 local counts, lags = {}, {}

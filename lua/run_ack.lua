@@ -90,7 +90,7 @@ if done > 0 then
   wheel_retain_many(tag, retained, now, bucket_ms)
   usage_flush(tag, tally)
   wake_publish(woken, wake_channel, shard)
-  event_emit_marked(events_key, event_cap_for(event_cap, done), meta[2], meta[3], 'e', 'acked', 'runs',
-    table.concat(acked, ','), 'at', now)
+  event_emit_marked(events_key, event_cap_for(event_cap, done), meta[2], meta[3],
+    'e', 'acked', 'runs', table.concat(acked, ','), 'at', now)
 end
 return codes

@@ -85,8 +85,8 @@ for _, run in ipairs(runs) do
   end
 end
 if #created > 0 then
-  event_emit(events_key, event_cap_for(event_cap, #created), 'e', 'created', 'at', string.format('%d', now),
-    'runs', table.concat(created, ','))
+  event_emit(events_key, event_cap_for(event_cap, #created), 'e', 'created',
+    'at', string.format('%d', now), 'runs', table.concat(created, ','))
 end
 event_emit(events_key, event_cap, 'e', origin == 'manual' and 'triggered' or 'backfilled',
   'id', sid, 'tenant', tenant, 'at', now, 'runs', #runs)

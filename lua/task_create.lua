@@ -127,11 +127,11 @@ for i = 0, n - 1 do
   end
 end
 if #created > 0 then
-  -- One entry for the whole call (a batch of 200 costs one XADD, not 200). No payload:
-  -- the log stays small (it is capped by entries, not bytes), and whoever needs the
-  -- payload of a pending run reads it from the record.
-  event_emit(events_key, event_cap_for(event_cap, #created), 'e', 'created', 'at', string.format('%d', now),
-    'runs', table.concat(created, ','))
+  -- One entry for the whole call (a batch of 200 costs one XADD, not 200), counted as
+  -- the runs it names against the cap (lib/events.lua). No payload: the log stays
+  -- small, and whoever needs the payload of a pending run reads it from the record.
+  event_emit(events_key, event_cap_for(event_cap, #created), 'e', 'created',
+    'at', string.format('%d', now), 'runs', table.concat(created, ','))
 end
 usage_flush(tag, tally)
 wake_publish(woken, wake_channel, shard)

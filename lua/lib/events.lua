@@ -17,11 +17,12 @@
 -- Trimming. With no archiver, MAXLEN ~ cap: about the newest `cap` entries stay.
 -- With an archiver, the shard's meta hash holds 'archived' (id of the newest entry that
 -- PostgreSQL holds; the archiver writes it after each commit, and a lagging value only
--- trims less) and 'archive_cap' (the hard cap, in entries). Then the log is trimmed only once it holds
--- more than `cap` entries, and only up to the checkpoint (MINID ~), so no entry the archiver
--- still has to read is dropped. Past 'archive_cap' entries (an archiver stopped for good)
--- MAXLEN ~ archive_cap trims regardless, so Redis cannot fill up; the archiver reports
--- the gap when it comes back. Both trims are '~' (whole stream nodes): O(1) per call.
+-- trims less) and 'archive_cap' (the hard cap, in entries). Then the log is trimmed only
+-- once it holds more than `cap` entries, and only up to the checkpoint (MINID ~), so no
+-- entry the archiver still has to read is dropped. Past 'archive_cap' entries (an
+-- archiver stopped for good) MAXLEN ~ archive_cap trims regardless, so Redis cannot fill
+-- up; the archiver reports the gap when it comes back. Both trims are '~' (whole stream
+-- nodes): O(1) per call. Here `cap` is what the caller passed: event_cap_for's share.
 local function event_emit_marked(events_key, cap, archived, archive_cap, ...)
   if not archived then
     redis.call('XADD', events_key, 'MAXLEN', '~', cap, '*', ...)

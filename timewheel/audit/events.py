@@ -261,9 +261,8 @@ async def usage_findings(
         entries: Any = await client.xrange(
             keys.events(shard), min="(" + since, max="+", count=USAGE_EVENTS_READ
         )
-        kept: Any = (
-            await client.xrange(keys.events(shard), min=since, max=since) if since != "0-0" else [1]
-        )
+        # An empty log at the mark ('0-0'): every entry came after it.
+        kept = since == "0-0" or bool(await client.xrange(keys.events(shard), min=since, max=since))
     except (RedisError, OSError) as exc:
         raise RedisUnavailable(f"reading usage counts of shard {shard}: {exc}") from exc
     if len(entries) >= USAGE_EVENTS_READ or not kept:
