@@ -4,7 +4,7 @@ the task's shard.
 Where a task goes: `create` puts it in its shard's wheel, the near level or a far
 bucket (lua/task_create.lua); `cancel` and `update` change it while it is still
 scheduled (lua/task_cancel.lua, lua/task_update.lua). From there the scheduler moves it
-on (timewheel/dispatch/tick.py). Python only reads (`get`).
+on (timewheel/dispatch/tick.py). Python only reads (`get`: timewheel/tasks/reads.py).
 """
 
 from __future__ import annotations
@@ -24,10 +24,9 @@ from timewheel.errors import (
     ValidationError,
 )
 from timewheel.store import record
-from timewheel.store.keys import Keys
 from timewheel.store.library import ScriptArg, check
 from timewheel.store.shard import Call, Store, clock_arg
-from timewheel.tasks import window
+from timewheel.tasks import reads, window
 from timewheel.tasks.creates import (
     CREATE_CHUNK,
     CapOf,
@@ -293,88 +292,12 @@ class TaskOps:
     # -- read, cancel, update ----------------------------------------------------------
 
     async def get(self, tenant: str, task_id: str) -> Task:
-        """The task as stored. Another tenant's id is TaskNotFound, like an unknown one."""
-        shard = self.store.locate(task_id)
-        k = self.store.keys
-        sid = task_id.split("@", 1)[0] if "@" in task_id else None
-        try:
-            # What record_sent (lua/lib/record.lua) reads, in the same round trip: the
-            # keys share the shard's hash tag, so one node on Cluster too.
-            pipe = self.store.client.pipeline(transaction=False)
-            pipe.hget(k.body(shard, task_id), k.body_field(task_id))
-            pipe.hget(k.meta(shard), "promoted_until")
-            pipe.zscore(k.near(shard, tenant), task_id)
-            pipe.hget(k.schedule(shard, sid or "-"), "held")
-            raw, promoted, score, held = await pipe.execute()
-        except (RedisError, OSError) as exc:
-            raise RedisUnavailable(f"get failed: {exc}") from exc
-        if not isinstance(raw, bytes):
-            raise TaskNotFound(task_id)
-        task = record.decode(task_id, raw)
-        if task.tenant != tenant:
-            raise TaskNotFound(task_id)
-        if task.state == "scheduled":
-            # Only a run out of its near level needs a second round trip: its far bucket
-            # (due past promoted_until: a future run) or its pair's park set (a run due
-            # but parked while its ready stream is over its backlog cap).
-            if score is None and task.due_ms < int(promoted or 0):
-                score = await self._parked_score(shard, task)
-            far = score is None and task.due_ms >= int(promoted or 0)
-            in_far = far and await self._in_far(shard, [task])
-            if record.is_sent(task_id, task.due_ms, promoted, score, held, in_far):
-                task = record.decode(task_id, raw, sent=True)
-        return task
-
-    def _far_key(self, shard: int, task: Task) -> tuple[str, str]:
-        bucket_ms = self.store.settings.bucket_ms
-        due = task.due_ms
-        return self.store.keys.bucket(shard, due - due % bucket_ms), Keys.bucket_member(task.run_id)
-
-    async def _parked_score(self, shard: int, task: Task) -> Any:
-        """The run's score in its pair's park set (lua/lib/park.lua), or None."""
-        try:
-            return await self.store.client.zscore(
-                self.store.keys.park(shard, task.tenant, task.queue), task.run_id
-            )
-        except (RedisError, OSError) as exc:
-            raise RedisUnavailable(f"cannot read the park set: {exc}") from exc
-
-    async def _in_far(self, shard: int, tasks: Sequence[Task]) -> bool:
-        """Whether every one of `tasks` is in its far bucket (one round trip)."""
-        try:
-            pipe = self.store.client.pipeline(transaction=False)
-            for t in tasks:
-                pipe.hexists(*self._far_key(shard, t))
-            return all(await pipe.execute())
-        except (RedisError, OSError) as exc:
-            raise RedisUnavailable(f"cannot read the far level: {exc}") from exc
+        """The task as stored (timewheel/tasks/reads.py)."""
+        return await reads.get(self.store, tenant, task_id)
 
     async def sent_runs(self, shard: int, tasks: Sequence[Task]) -> set[str]:
-        """The run ids of `tasks` (records read from `shard`) that say scheduled but were
-        sent (lua/lib/record.lua, record_sent): one round trip."""
-        waiting = [t for t in tasks if t.state == "scheduled"]
-        if not waiting:
-            return set()
-        k = self.store.keys
-        try:
-            pipe = self.store.client.pipeline(transaction=False)
-            pipe.hget(k.meta(shard), "promoted_until")
-            for t in waiting:
-                pipe.zscore(k.near(shard, t.tenant), t.run_id)
-                # '-' names no schedule: a one-shot run is never held.
-                pipe.hget(k.schedule(shard, t.schedule_id or "-"), "held")
-                pipe.hexists(*self._far_key(shard, t))
-                pipe.zscore(k.park(shard, t.tenant, t.queue), t.run_id)  # parked: waiting
-            replies: list[Any] = await pipe.execute()
-        except (RedisError, OSError) as exc:
-            raise RedisUnavailable(f"cannot read the wheel: {exc}") from exc
-        promoted = replies[0]
-        out = set()
-        for i, t in enumerate(waiting):
-            near, held, in_far, parked = replies[1 + 4 * i : 5 + 4 * i]
-            if record.is_sent(t.run_id, t.due_ms, promoted, near or parked, held, in_far):
-                out.add(t.run_id)
-        return out
+        """Which of `tasks` say scheduled but were sent (timewheel/tasks/reads.py)."""
+        return await reads.sent_runs(self.store, shard, tasks)
 
     def cancel_call(self, tenant: str, task_id: str, now_ms: int | None = None) -> Call[Task]:
         shard = self.store.locate(task_id)

@@ -1,0 +1,108 @@
+"""Reading one-shot tasks: a task's record, and whether a run its record says is
+scheduled was in fact sent.
+
+The tick does not rewrite a record it sends (lua/dispatch_tick.lua): a sent run is one
+that left the wheel, which is read here the way lua/lib/record.lua's record_sent reads
+it (its near level, its far bucket, its pair's park set, its schedule's held run)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from redis.exceptions import RedisError
+
+from timewheel.errors import RedisUnavailable, TaskNotFound
+from timewheel.store import record
+from timewheel.store.keys import Keys
+from timewheel.store.shard import Store
+from timewheel.tasks.model import Task
+
+
+async def get(store: Store, tenant: str, task_id: str) -> Task:
+    """The task as stored. Another tenant's id is TaskNotFound, like an unknown one."""
+    shard = store.locate(task_id)
+    k = store.keys
+    sid = task_id.split("@", 1)[0] if "@" in task_id else None
+    try:
+        # What record_sent (lua/lib/record.lua) reads, in the same round trip: the
+        # keys share the shard's hash tag, so one node on Cluster too.
+        pipe = store.client.pipeline(transaction=False)
+        pipe.hget(k.body(shard, task_id), k.body_field(task_id))
+        pipe.hget(k.meta(shard), "promoted_until")
+        pipe.zscore(k.near(shard, tenant), task_id)
+        pipe.hget(k.schedule(shard, sid or "-"), "held")
+        raw, promoted, score, held = await pipe.execute()
+    except (RedisError, OSError) as exc:
+        raise RedisUnavailable(f"get failed: {exc}") from exc
+    if not isinstance(raw, bytes):
+        raise TaskNotFound(task_id)
+    task = record.decode(task_id, raw)
+    if task.tenant != tenant:
+        raise TaskNotFound(task_id)
+    if task.state == "scheduled":
+        # Only a run out of its near level needs a second round trip: its far bucket
+        # (due past promoted_until: a future run) or its pair's park set (a run due
+        # but parked while its ready stream is over its backlog cap).
+        if score is None and task.due_ms < int(promoted or 0):
+            score = await _parked_score(store, shard, task)
+        far = score is None and task.due_ms >= int(promoted or 0)
+        in_far = far and await _in_far(store, shard, [task])
+        if record.is_sent(task_id, task.due_ms, promoted, score, held, in_far):
+            task = record.decode(task_id, raw, sent=True)
+    return task
+
+
+def _far_key(store: Store, shard: int, task: Task) -> tuple[str, str]:
+    bucket_ms = store.settings.bucket_ms
+    due = task.due_ms
+    return store.keys.bucket(shard, due - due % bucket_ms), Keys.bucket_member(task.run_id)
+
+
+async def _parked_score(store: Store, shard: int, task: Task) -> Any:
+    """The run's score in its pair's park set (lua/lib/park.lua), or None."""
+    try:
+        return await store.client.zscore(
+            store.keys.park(shard, task.tenant, task.queue), task.run_id
+        )
+    except (RedisError, OSError) as exc:
+        raise RedisUnavailable(f"cannot read the park set: {exc}") from exc
+
+
+async def _in_far(store: Store, shard: int, tasks: Sequence[Task]) -> bool:
+    """Whether every one of `tasks` is in its far bucket (one round trip)."""
+    try:
+        pipe = store.client.pipeline(transaction=False)
+        for t in tasks:
+            pipe.hexists(*_far_key(store, shard, t))
+        return all(await pipe.execute())
+    except (RedisError, OSError) as exc:
+        raise RedisUnavailable(f"cannot read the far level: {exc}") from exc
+
+
+async def sent_runs(store: Store, shard: int, tasks: Sequence[Task]) -> set[str]:
+    """The run ids of `tasks` (records read from `shard`) that say scheduled but were
+    sent (lua/lib/record.lua, record_sent): one round trip."""
+    waiting = [t for t in tasks if t.state == "scheduled"]
+    if not waiting:
+        return set()
+    k = store.keys
+    try:
+        pipe = store.client.pipeline(transaction=False)
+        pipe.hget(k.meta(shard), "promoted_until")
+        for t in waiting:
+            pipe.zscore(k.near(shard, t.tenant), t.run_id)
+            # '-' names no schedule: a one-shot run is never held.
+            pipe.hget(k.schedule(shard, t.schedule_id or "-"), "held")
+            pipe.hexists(*_far_key(store, shard, t))
+            pipe.zscore(k.park(shard, t.tenant, t.queue), t.run_id)  # parked: waiting
+        replies: list[Any] = await pipe.execute()
+    except (RedisError, OSError) as exc:
+        raise RedisUnavailable(f"cannot read the wheel: {exc}") from exc
+    promoted = replies[0]
+    out = set()
+    for i, t in enumerate(waiting):
+        near, held, in_far, parked = replies[1 + 4 * i : 5 + 4 * i]
+        if record.is_sent(t.run_id, t.due_ms, promoted, near or parked, held, in_far):
+            out.add(t.run_id)
+    return out
