@@ -203,19 +203,29 @@ async def redis_counters(client: aioredis.Redis) -> dict[str, float]:
 
 
 async def command_usec(client: aioredis.Redis) -> dict[str, float]:
-    """Microseconds Redis spent in each command so far (INFO commandstats)."""
+    """Microseconds Redis spent in each command so far (INFO commandstats); and calls of
+    each, as "calls:<command>"."""
     stats: dict[str, Any] = await client.info("commandstats")
-    return {k.removeprefix("cmdstat_"): float(v["usec"]) for k, v in stats.items()}
+    out = {k.removeprefix("cmdstat_"): float(v["usec"]) for k, v in stats.items()}
+    out.update({"calls:" + k.removeprefix("cmdstat_"): float(v["calls"]) for k, v in stats.items()})
+    return out
 
 
 def command_share(before: dict[str, float], after: dict[str, float], runs: int) -> dict[str, float]:
-    """Redis's microseconds per run in each command that took at least 0.1 of them."""
+    """Redis's microseconds per run in each command that took at least 0.1 of them; and
+    "fcall_calls_per_1000_runs" (FCALL calls of every script: acks, and ticks where a
+    scheduler runs)."""
     out = {}
+    fcalls = after.get("calls:fcall", 0.0) - before.get("calls:fcall", 0.0)
     for name, usec in after.items():
+        if name.startswith("calls:"):
+            continue
         per_run_us = (usec - before.get(name, 0.0)) / runs
         if per_run_us >= 0.1:
             out[name] = round(per_run_us, 1)
-    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+    ordered = dict(sorted(out.items(), key=lambda kv: -kv[1]))
+    ordered["fcall_calls_per_1000_runs"] = round(fcalls / runs * 1000, 1)
+    return ordered
 
 
 def per_run(before: dict[str, float], after: dict[str, float], runs: int) -> dict[str, float]:

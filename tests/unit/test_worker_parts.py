@@ -4,6 +4,7 @@ plan across pairs, the failure log's rate limit, and the metrics' exposition."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Sequence
 
 import pytest
@@ -105,6 +106,44 @@ async def test_acks_go_by_size_by_delay_and_within_the_pipelines_allowed() -> No
     assert max(len(batch) for batch in sent) == 3
     assert sorted(run for batch, _ in done for run in batch) == sorted(f"r{n}" for n in range(10))
     assert all(answers is not None for _, answers in done)
+
+
+async def test_a_shards_acks_go_together_once_a_call_is_full() -> None:
+    sent: list[list[str]] = []
+
+    async def send(batch: Sequence[Delivery]) -> list[bool]:
+        sent.append([d.run_id for d in batch])
+        return [True] * len(batch)
+
+    def finished(
+        batch: Sequence[Delivery], answers: list[bool] | None, error: TimewheelError | None
+    ) -> None:
+        pass
+
+    def on(stream: str, n: int) -> Delivery:
+        return dataclasses.replace(_delivery(n), stream=stream, run_id=f"{stream}{n}")
+
+    acks = AckBatcher(
+        send, finished, shard_of=lambda s: ord(s[0]), batch=8, per_call=3, delay_s=0.05
+    )
+    for n in range(2):
+        acks.add(on("a", n))
+        acks.add(on("b", n))
+    acks.add(on("a", 2))  # a's third: a call of a's alone goes at once
+    await asyncio.sleep(0)
+    assert sent == [["a0", "a1", "a2"]] and acks.waiting == 2
+    await asyncio.sleep(0.08)  # b's two wait out the delay, then go
+    assert sent[1:] == [["b0", "b1"]] and acks.waiting == 0
+    for n in range(8):  # a full shard goes on its own each time; others wait
+        acks.add(on("c" if n % 4 else "d", n))
+    await asyncio.sleep(0)
+    assert sent[2:] == [["c1", "c2", "c3"], ["c5", "c6", "c7"]] and acks.waiting == 2
+    for stream in "efghij":  # `batch` (8) waiting: everything goes in one pipeline
+        acks.add(on(stream, 9))
+    await asyncio.sleep(0)
+    assert sent[4] == ["d0", "d4", "e9", "f9", "g9", "h9", "i9", "j9"] and acks.waiting == 0
+    await acks.close()
+    assert len(sent) == 5
 
 
 async def test_failures_of_one_pass_go_together_and_each_caller_gets_its_answer() -> None:

@@ -39,6 +39,7 @@ class Recorder:
         inflight: InFlight,
         *,
         ack_batch: int,
+        ack_per_call: int,
         ack_delay_s: float,
         ack_pipelines: int,
         tracebacks_per_s: float,
@@ -50,6 +51,7 @@ class Recorder:
         self._keeper = keeper
         self._inflight = inflight
         self._ack_batch = ack_batch
+        self._ack_per_call = ack_per_call
         self._ack_delay_s = ack_delay_s
         self._ack_pipelines = ack_pipelines
         self.tracebacks_per_s = tracebacks_per_s
@@ -68,7 +70,9 @@ class Recorder:
         self.acks = AckBatcher(
             self.send_acks,
             self.acks_done,
+            shard_of=self.outcomes.store.keys.shard_of_key,
             batch=self._ack_batch,
+            per_call=self._ack_per_call,
             delay_s=self._ack_delay_s,
             max_in_flight=self._ack_pipelines,
         )

@@ -43,7 +43,7 @@ import structlog
 from timewheel.config import Settings
 from timewheel.errors import ConfigError, RedisUnavailable, TimewheelError
 from timewheel.ids import validate_name
-from timewheel.runs.acks import ACK_BATCH, ACK_DELAY_S, ACK_PIPELINES
+from timewheel.runs.acks import ACK_BATCH, ACK_DELAY_S, ACK_PER_CALL, ACK_PIPELINES
 from timewheel.runs.delivery import Delivery
 from timewheel.runs.failures import TRACEBACKS_PER_S, FailureLog, handler_name
 from timewheel.runs.inflight import InFlight
@@ -90,6 +90,7 @@ class Worker:
         prefetch: int | None = None,
         metrics: WorkerMetrics | None = None,
         ack_batch: int = ACK_BATCH,
+        ack_per_call: int = ACK_PER_CALL,
         ack_delay_s: float = ACK_DELAY_S,
         ack_pipelines: int = ACK_PIPELINES,
         tracebacks_per_s: float = TRACEBACKS_PER_S,
@@ -132,6 +133,7 @@ class Worker:
             keeper,
             inflight,
             ack_batch=ack_batch,
+            ack_per_call=ack_per_call,
             ack_delay_s=ack_delay_s,
             ack_pipelines=ack_pipelines,
             tracebacks_per_s=tracebacks_per_s,
