@@ -33,7 +33,7 @@ about 60 KB, four of Redis's 16 KB reads (each pass of its event loop with write
 fsync under appendfsync always: some 250 acks share one)."""
 ACK_PER_CALL = 64
 """A shard's waiting acks that go at once, as one run_ack call."""
-ACK_DELAY_S = 0.01
+ACK_DELAY_S = 0.025
 """How long an ack waits at most for others of its shard before it goes anyway."""
 ACK_PIPELINES = 4
 """Ack pipelines out at a time at most (each on its own connection)."""
