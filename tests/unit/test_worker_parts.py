@@ -155,7 +155,7 @@ async def test_failures_of_one_pass_go_together_and_each_caller_gets_its_answer(
         await release.wait()
         return [FailResult("retry", due_ms=n) for n in range(len(batch))]
 
-    fails = FailureBatcher(send, batch=3)
+    fails = FailureBatcher(send, batch=3, delay_s=0)
     first = [asyncio.create_task(fails.fail(Failure(_delivery(n), "E"))) for n in range(2)]
     await asyncio.sleep(0.01)
     assert sent == [["r0", "r1"]]  # reported in one pass: one pipeline
@@ -170,11 +170,32 @@ async def test_failures_of_one_pass_go_together_and_each_caller_gets_its_answer(
     async def down(batch: Sequence[Failure]) -> list[FailResult]:
         raise RedisUnavailable("connection reset")
 
-    broken = FailureBatcher(down)
+    broken = FailureBatcher(down, delay_s=0)
     outcomes = await asyncio.gather(
         *(broken.fail(Failure(_delivery(n), "E")) for n in range(2)), return_exceptions=True
     )
     assert all(isinstance(o, RedisUnavailable) for o in outcomes)
+
+
+async def test_failures_wait_by_shard_like_acks() -> None:
+    sent: list[list[str]] = []
+
+    async def send(batch: Sequence[Failure]) -> list[FailResult]:
+        sent.append([f.delivery.run_id for f in batch])
+        return [FailResult("retry", due_ms=0) for _ in batch]
+
+    def on(stream: str, n: int) -> Failure:
+        d = dataclasses.replace(_delivery(n), stream=stream, run_id=f"{stream}{n}")
+        return Failure(d, "E")
+
+    fails = FailureBatcher(send, shard_of=lambda s: ord(s[0]), batch=8, per_call=2, delay_s=0.05)
+    b = asyncio.create_task(fails.fail(on("b", 0)))
+    a = [asyncio.create_task(fails.fail(on("a", n))) for n in range(2)]
+    await asyncio.sleep(0.01)
+    assert sent == [["a0", "a1"]]  # a's call is full: it goes; b's waits for the delay
+    await asyncio.gather(*a)
+    assert not b.done()
+    assert (await b).outcome == "retry" and sent[1:] == [["b0"]]
 
 
 async def test_a_failed_ack_pipeline_is_sent_again_then_reported() -> None:

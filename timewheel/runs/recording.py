@@ -76,7 +76,13 @@ class Recorder:
             delay_s=self._ack_delay_s,
             max_in_flight=self._ack_pipelines,
         )
-        self.fails = FailureBatcher(self.send_failures, batch=self._ack_batch)
+        self.fails = FailureBatcher(
+            self.send_failures,
+            shard_of=self.outcomes.store.keys.shard_of_key,
+            batch=self._ack_batch,
+            per_call=self._ack_per_call,
+            delay_s=self._ack_delay_s,
+        )
         return self.acks
 
     def end(self) -> None:
