@@ -10,6 +10,7 @@ from typing import Any
 
 from timewheel.errors import ConfigError
 from timewheel.ids import MAX_SHARDS
+from timewheel.store.sentinel import is_sentinel_url, parse_sentinel_url
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,6 +237,8 @@ class Settings:
                 f"Must be >= event_log_max ({self.event_log_max})."
             )
         self._check_ratios()
+        if is_sentinel_url(self.redis_url):
+            parse_sentinel_url(self.redis_url)  # a bad one is refused before any connection
         if self.tick_batch > 5000 or self.promote_batch > 5000:
             raise ConfigError("Settings 'tick_batch' and 'promote_batch' must be <= 5000.")
         if not self.prefix or any(c in self.prefix for c in "{}: "):
