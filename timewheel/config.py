@@ -18,6 +18,12 @@ class Settings:
     """Deployment settings. Layout fields (shards, bucket_ms) are fixed once data exists."""
 
     redis_url: str = "redis://127.0.0.1:6379"
+    """Redis URL: a standalone server (redis://, rediss://, unix://), any node of a
+    Cluster (the client finds the others), or a standalone primary under Redis Sentinel,
+    `redis+sentinel://[user:password@]host1:port1[,host2:port2,...]/<service>[?db=N]`
+    (the sentinels' addresses, port 26379 if left out, and the name they monitor the
+    primary under; sentinel_username= and sentinel_password= log in to the sentinels).
+    After a failover every connection reconnects to the primary the sentinels name."""
     prefix: str = "tw"
     """Key prefix; every key carries the hash tag {prefix:shard}."""
     shards: int = 64

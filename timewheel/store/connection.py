@@ -72,7 +72,20 @@ class _Connection(aioredis.Connection):
 class _SentinelConnection(SentinelManagedConnection, _Connection):
     """A connection of a Sentinel pool (it asks the sentinels for the primary's address
     when it connects, and closes itself on a READONLY reply of a demoted primary), with
-    `_Connection`'s mapping of a closed uvloop transport."""
+    `_Connection`'s mapping of a closed uvloop transport.
+
+    A send on a closed connection connects it first through `connect`, which asks the
+    sentinels: redis-py 8.1's send_packed_command reconnects to the address the
+    connection last had (the demoted primary, after a failover) instead. Connections
+    kept out of the pool between calls (a worker's wire) reconnect that way.
+    """
+
+    async def send_packed_command(
+        self, command: bytes | str | Iterable[bytes], check_health: bool = True
+    ) -> None:
+        if not self.is_connected:
+            await self.connect()  # type: ignore[no-untyped-call]
+        await super().send_packed_command(command, check_health)
 
 
 def demoted(replies: Iterable[object]) -> bool:
