@@ -26,6 +26,20 @@ Parts (--parts, in this order):
   restart   kill -9 and start again on the same dir, timed until PING answers without
             LOADING: (a) just after a rewrite (base file only), (b) after K creates
             written to the incremental AOF; with the rewrite policy, a replay bound.
+  takeover  (not run unless named) a replica of the server (the shipped settings, its
+            own dir) full-syncs from it (timed until its link is up and its offset is
+            the primary's); three sentinels monitor the primary; a `timewheel scheduler`
+            process runs on the redis+sentinel:// URL and creates go through it at
+            --takeover-rate/s, each due 1 s after its first try (a failed batch is sent
+            again with the same idempotency keys); then kill -9 of the primary. Timed
+            from the kill: until a sentinel names the replica (+switch-master), until
+            creates are acknowledged again, until the first run due after the kill is
+            dispatched on the new primary; the lag of the runs due in the 10 s after
+            the kill (p50/p99/max); and every run acknowledged before (and after) the
+            kill looked up in the new primary's ready streams (bench/takeover.py).
+            Skipped, with the reason in the JSON, when MemAvailable is under 1.3x the
+            server's used_memory (or the disk under 1.3x its AOF). The promoted replica
+            is the bench's server for the parts after it (and a --keep-dir's).
   snapshot  take_snapshot into a PostgreSQL started here (bench/recovery.py's way).
 
 Before the dispatch, lag and rewrite parts the runs the dataset has due by then are
@@ -96,6 +110,7 @@ from memory import (
 )
 from rawpipe import RawPipe
 from recovery import snapshot
+from takeover import TakeoverPlan, run_takeover, takeover_line
 
 from timewheel.archive.server import LocalPostgres
 from timewheel.config import Settings
@@ -105,8 +120,18 @@ from timewheel.store.server import RedisServer
 from timewheel.tasks.model import NewTask
 
 RESULTS = Path(__file__).resolve().parent / "results" / "scale.json"
-PARTS = ("load", "memory", "dispatch", "lag", "create", "rewrite", "restart", "snapshot")
-DEFAULT_PARTS = tuple(p for p in PARTS if p != "snapshot")
+PARTS = (
+    "load",
+    "memory",
+    "dispatch",
+    "lag",
+    "create",
+    "rewrite",
+    "restart",
+    "takeover",
+    "snapshot",
+)
+DEFAULT_PARTS = tuple(p for p in PARTS if p not in ("takeover", "snapshot"))
 STATE_FILE = "scale-state.json"
 DAY_MS = 86_400_000
 LOAD_BATCH = 2000
@@ -130,6 +155,10 @@ CAUGHT_UP_RUNS = 1000
 """Runs sent in 2 s at most by a scheduler that has caught up with a dataset's due runs."""
 MIN_LOAD_RATE = 3000
 """The load's deadline assumes at least this many creates/s (28,700/s measured at 5 M)."""
+REPLICA_MARGIN = 1.3
+"""takeover: MemAvailable must be this many times the server's used_memory (a replica's
+copy, plus the primary's copy-on-write while it forks the full sync's RDB), and the free
+disk this many times its AOF."""
 
 
 def now_iso() -> str:
@@ -819,6 +848,75 @@ def restart_line(r: dict[str, Any]) -> str:
     )
 
 
+# -- takeover --------------------------------------------------------------------------------
+
+
+def replica_refusal(used_memory: int, aof_bytes: int, root: Path) -> dict[str, Any] | None:
+    """Why a replica of a server of `used_memory` bytes is not started here, or None."""
+    available = meminfo().get("MemAvailable", 0)
+    disk_free = shutil.disk_usage(root).free
+    need_mem = round(used_memory * REPLICA_MARGIN)
+    need_disk = round(aof_bytes * REPLICA_MARGIN)
+    if available >= need_mem and disk_free >= need_disk:
+        return None
+    return {
+        "skipped": True,
+        "reason": (
+            f"a replica needs ~{need_mem / 2**30:.2f} GiB RAM ({available / 2**30:.2f} "
+            f"available) and ~{need_disk / 2**30:.2f} GiB disk ({disk_free / 2**30:.2f} free)"
+        ),
+        "memory_needed": need_mem,
+        "memory_available": available,
+        "disk_needed": need_disk,
+        "disk_free": disk_free,
+    }
+
+
+async def takeover_part(bench: Bench) -> dict[str, Any]:
+    args = bench.args
+    client = bench.client()
+    try:
+        used = (await memory_info(client))["used_memory"]
+        aof = (await aof_sizes(client))["aof_current_size"]
+    finally:
+        await client.aclose()
+    refused = replica_refusal(used, aof, bench.root)
+    if refused is not None:
+        log(f"takeover: skipped: {refused['reason']}")
+        return refused
+    drained = await drain_due(bench, args.part_timeout)
+    primary = bench.server
+    name = "redis-replica" if primary.data_dir.name != "redis-replica" else "redis"
+    shutil.rmtree(bench.root / name, ignore_errors=True)  # a former primary's stale copy
+    replica = RedisServer(
+        bench.root / name,
+        port=0,
+        appendfsync="always",
+        extra_config={**SERVER_EXTRA, "replicaof": f"{primary.host} {primary.port}"},
+    )
+    plan = TakeoverPlan(
+        rate=args.takeover_rate,
+        before_s=args.takeover_before_s,
+        after_s=args.takeover_after_s,
+        down_after_ms=args.down_after_ms,
+        failover_timeout_ms=args.failover_timeout_ms,
+        sync_timeout_s=args.start_timeout + args.rewrite_timeout,
+        settle_timeout_s=min(600.0, args.part_timeout),
+    )
+    log(f"takeover: a replica in {replica.data_dir} full-syncs, then kill -9 of the primary")
+    try:
+        figures = await run_takeover(primary, replica, bench.root, plan)
+    finally:
+        if primary.is_running():  # failed before the kill: the primary stays the server
+            replica.stop()
+        else:  # the promoted replica holds the dataset now
+            replica.extra_config.pop("replicaof", None)
+            bench.server = replica
+            bench.state["server_dir"] = name
+    figures["drained_before"] = drained
+    return figures
+
+
 # -- snapshot --------------------------------------------------------------------------------
 
 
@@ -854,6 +952,7 @@ PART_RUN: dict[str, Callable[[Bench], Coroutine[Any, Any, dict[str, Any]]]] = {
     "create": create,
     "rewrite": rewrite_part,
     "restart": restart,
+    "takeover": takeover_part,
     "snapshot": snapshot_part,
 }
 PART_LINE: dict[str, Callable[[dict[str, Any]], str]] = {
@@ -864,6 +963,7 @@ PART_LINE: dict[str, Callable[[dict[str, Any]], str]] = {
     "create": create_line,
     "rewrite": rewrite_line,
     "restart": restart_line,
+    "takeover": takeover_line,
     "snapshot": snapshot_line,
 }
 
@@ -880,6 +980,8 @@ def runs_added(name: str, r: dict[str, Any]) -> int:
         return int(r["creates"])
     if name == "restart":
         return int(r["with_incremental"]["creates"])
+    if name == "takeover" and not r.get("skipped"):
+        return int(r["acked_before_kill"]) + int(r["acked_after_kill"])
     return 0
 
 
@@ -896,6 +998,15 @@ def part_parameters(name: str, args: argparse.Namespace) -> dict[str, Any]:
             "rewrite_after_s": args.rewrite_after,
         },
         "restart": {"incr_creates": args.incr_creates, "start_timeout_s": args.start_timeout},
+        "takeover": {
+            "rate": args.takeover_rate,
+            "before_s": args.takeover_before_s,
+            "after_s": args.takeover_after_s,
+            "delay_ms": 1000,
+            "sentinels": 3,
+            "down_after_ms": args.down_after_ms,
+            "failover_timeout_ms": args.failover_timeout_ms,
+        },
         "snapshot": {},
     }[name]
 
@@ -946,13 +1057,28 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--rewrite-timeout", type=float, default=None, help="s a BGREWRITEAOF may take"
     )
     parser.add_argument("--part-timeout", type=float, default=1800.0, help="s per part, at most")
+    parser.add_argument(
+        "--takeover-rate", type=int, default=300, help="creates/s through Sentinel (takeover)"
+    )
+    parser.add_argument(
+        "--takeover-before-s", type=float, default=10.0, help="s of creates before the kill"
+    )
+    parser.add_argument(
+        "--takeover-after-s", type=float, default=20.0, help="s of creates after the kill"
+    )
+    parser.add_argument(
+        "--down-after-ms", type=int, default=1000, help="sentinel down-after-milliseconds"
+    )
+    parser.add_argument(
+        "--failover-timeout-ms", type=int, default=5000, help="sentinel failover-timeout"
+    )
     args = parser.parse_args(argv)
     args.parts = parse_parts(args.parts, parser)
     if args.tasks < 1000:
         parser.error("--tasks must be at least 1000")
-    for name in ("runs", "rate", "batch", "sample"):
+    for name in ("runs", "rate", "batch", "sample", "takeover_rate", "down_after_ms"):
         if getattr(args, name) < 1:
-            parser.error(f"--{name} must be positive")
+            parser.error(f"--{name.replace('_', '-')} must be positive")
     if args.create_rate <= 0 or args.create_seconds <= 0 or args.lag_seconds <= 0:
         parser.error("--create-rate, --create-seconds and --lag-seconds must be positive")
     if args.keep_dir and args.reuse_dir:
@@ -1038,9 +1164,8 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         state = {"tasks": tasks, "id": f"{tasks}-{int(time.time())}", "headroom": room}
     fill_defaults(args, tasks)
-    bench = Bench(
-        root=root, args=args, server=make_server(root / "redis"), tasks=tasks, state=state
-    )
+    server = make_server(root / state.get("server_dir", "redis"))  # takeover moves it
+    bench = Bench(root=root, args=args, server=server, tasks=tasks, state=state)
     run_record = {
         "started": now_iso(),
         "argv": argv,

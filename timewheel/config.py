@@ -10,6 +10,7 @@ from typing import Any
 
 from timewheel.errors import ConfigError
 from timewheel.ids import MAX_SHARDS
+from timewheel.store.sentinel import is_sentinel_url, parse_sentinel_url
 
 
 @dataclass(frozen=True, slots=True)
@@ -17,6 +18,12 @@ class Settings:
     """Deployment settings. Layout fields (shards, bucket_ms) are fixed once data exists."""
 
     redis_url: str = "redis://127.0.0.1:6379"
+    """Redis URL: a standalone server (redis://, rediss://, unix://), any node of a
+    Cluster (the client finds the others), or a standalone primary under Redis Sentinel,
+    `redis+sentinel://[user:password@]host1:port1[,host2:port2,...]/<service>[?db=N]`
+    (the sentinels' addresses, port 26379 if left out, and the name they monitor the
+    primary under; sentinel_username= and sentinel_password= log in to the sentinels).
+    After a failover every connection reconnects to the primary the sentinels name."""
     prefix: str = "tw"
     """Key prefix; every key carries the hash tag {prefix:shard}."""
     shards: int = 64
@@ -236,6 +243,8 @@ class Settings:
                 f"Must be >= event_log_max ({self.event_log_max})."
             )
         self._check_ratios()
+        if is_sentinel_url(self.redis_url):
+            parse_sentinel_url(self.redis_url)  # a bad one is refused before any connection
         if self.tick_batch > 5000 or self.promote_batch > 5000:
             raise ConfigError("Settings 'tick_batch' and 'promote_batch' must be <= 5000.")
         if not self.prefix or any(c in self.prefix for c in "{}: "):

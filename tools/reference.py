@@ -438,8 +438,6 @@ def cli_page() -> str:
 # -- configuration.md: the Settings dataclass ------------------------------------------
 
 FALLBACK = {
-    "redis_url": "Redis URL: a standalone server, or any node of a Cluster (the client "
-    "finds the others).",
     "default_queue": "The queue of a task or schedule created without one.",
     "retry_factor": "Backoff multiplier per attempt (>= 1).",
 }

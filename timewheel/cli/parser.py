@@ -20,7 +20,8 @@ def add_common(p: argparse.ArgumentParser, *, redis_url: bool = True) -> None:
     if redis_url:
         p.add_argument(
             "--redis-url",
-            help="Redis URL, standalone or any Cluster node "
+            help="Redis URL: standalone, any Cluster node, or a primary under Sentinel "
+            "(redis+sentinel://host:26379[,host:port...]/<service>) "
             "(env TIMEWHEEL_REDIS_URL; default redis://127.0.0.1:6379)",
         )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])

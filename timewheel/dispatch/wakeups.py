@@ -7,9 +7,10 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 
-import redis.asyncio as aioredis
 import structlog
 from redis.exceptions import RedisError
+
+from timewheel.store.connection import node_client
 
 log = structlog.get_logger("timewheel.scheduler")
 
@@ -18,10 +19,11 @@ async def listen_for_wakeups(
     redis_url: str, channel: str, wake: Callable[[int], None], stop: asyncio.Event
 ) -> None:
     """Call `wake(shard)` for every message on `channel` until `stop` is set,
-    reconnecting after a failure. A plain connection to the URL's node: PUBLISH reaches
-    every node of a Cluster."""
+    reconnecting after a failure. A plain connection to the URL's node (PUBLISH reaches
+    every node of a Cluster), or to the primary a Sentinel URL names: after a failover
+    the connection fails, and the next one goes to the promoted replica."""
     while not stop.is_set():
-        client = aioredis.Redis.from_url(redis_url)
+        client = node_client(redis_url)
         try:
             async with client.pubsub() as pubsub:
                 await pubsub.subscribe(channel)

@@ -27,7 +27,7 @@ from redis.exceptions import RedisError, ResponseError
 from timewheel.errors import RedisUnavailable
 from timewheel.runs.delivery import Delivery, parse_fields
 from timewheel.runs.outcomes import ACKED, Outcomes, by_shard, report_keys
-from timewheel.store.connection import SOCKET_TIMEOUT_S
+from timewheel.store.connection import SOCKET_TIMEOUT_S, demoted
 from timewheel.store.library import is_missing_function
 
 try:  # the end-of-buffer marker of redis-py's hiredis parser (redis-py >= 5)
@@ -114,18 +114,22 @@ class Wire:
 
     async def _exchange(self, packed: bytes, replies: int, block_ms: int | None) -> list[Any]:
         """Send packed commands on a connection of this wire's and read their replies
-        (error replies are returned). A connection that failed halfway is closed: it
-        connects again on its next use."""
+        (error replies are returned). A connection that failed halfway, or whose server
+        answered READONLY, is closed: it connects again on its next use."""
         conn = self._idle.pop() if self._idle else await self._checkout()
         try:
             await conn.send_packed_command(packed, check_health=False)
             if block_ms is not None or replies == 1:
                 # One reply: the connection's own read, whose timeout covers a BLOCK.
                 try:
-                    return [await conn.read_response()]
+                    out = [await conn.read_response()]
                 except ResponseError as exc:
-                    return [exc]
-            return await _read_replies(conn, replies)
+                    out = [exc]
+            else:
+                out = await _read_replies(conn, replies)
+            if demoted(out):  # a primary Sentinel demoted: connect again to the new one
+                await conn.disconnect()
+            return out
         except (RedisError, OSError) as exc:
             await conn.disconnect()
             raise RedisUnavailable(f"Redis call failed: {exc}") from exc

@@ -1,4 +1,5 @@
-"""Connecting to Redis: one URL, standalone or Cluster, detected at connect time."""
+"""Connecting to Redis: one URL, standalone or Cluster (detected at connect time), or a
+standalone primary found through Redis Sentinel (`redis+sentinel://`, store/sentinel.py)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ from urllib.parse import unquote, urlsplit
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import ConnectionError, RedisClusterException, RedisError
+from redis.asyncio.sentinel import SentinelManagedConnection
+from redis.exceptions import ConnectionError, ReadOnlyError, RedisClusterException, RedisError
 
 from timewheel.errors import ConfigError, RedisUnavailable
+from timewheel.store.sentinel import is_sentinel_url, parse_sentinel_url, primary_client
 
 RedisClient: TypeAlias = "aioredis.Redis | RedisCluster"
 
@@ -19,7 +22,10 @@ UNREACHABLE: tuple[type[Exception], ...] = (RedisError, OSError, RedisClusterExc
 """What a call to a server that is down, restarting or failing over raises. A Cluster
 client whose every node refuses connections (the whole Cluster restarting) raises
 RedisClusterException, which is no RedisError: a loop that rides out an outage catches
-this tuple and tries again."""
+this tuple and tries again. A primary that Sentinel demoted answers writes READONLY
+(ReadOnlyError, a RedisError): unreachable too, until the client finds the new primary."""
+
+SCHEMES = ("redis://", "rediss://", "unix://", "redis+sentinel://")
 
 
 def torn_connection(exc: BaseException) -> bool:
@@ -63,6 +69,33 @@ class _Connection(aioredis.Connection):
             raise ConnectionError(f"Error while writing to {where}: {exc}") from exc
 
 
+class _SentinelConnection(SentinelManagedConnection, _Connection):
+    """A connection of a Sentinel pool (it asks the sentinels for the primary's address
+    when it connects, and closes itself on a READONLY reply of a demoted primary), with
+    `_Connection`'s mapping of a closed uvloop transport.
+
+    A send on a closed connection connects it first through `connect`, which asks the
+    sentinels: redis-py 8.1's send_packed_command reconnects to the address the
+    connection last had (the demoted primary, after a failover) instead. Connections
+    kept out of the pool between calls (a worker's wire) reconnect that way.
+    """
+
+    async def send_packed_command(
+        self, command: bytes | str | Iterable[bytes], check_health: bool = True
+    ) -> None:
+        if not self.is_connected:
+            await self.connect()  # type: ignore[no-untyped-call]
+        await super().send_packed_command(command, check_health)
+
+
+def demoted(replies: Iterable[object]) -> bool:
+    """Whether any reply is READONLY: the server is a replica now (Sentinel demoted the
+    primary). A connection that reads replies past redis-py's read_response (the packed
+    pipelines) closes itself then, so that it connects again to the primary Sentinel
+    names, as a SentinelManagedConnection does on its own reads."""
+    return any(isinstance(reply, ReadOnlyError) for reply in replies)
+
+
 class FcallRoutingCluster(RedisCluster):
     """RedisCluster that routes FCALL by its first key, as redis-py already does for
     EVALSHA: redis-py otherwise asks the server (COMMAND GETKEYS) on every call, a round
@@ -101,8 +134,12 @@ async def connect(url: str, *, max_connections: int = 64) -> RedisClient:
         ConfigError: the URL is malformed.
         RedisUnavailable: nothing answers at the URL.
     """
-    if not url.startswith(("redis://", "rediss://", "unix://")):
-        raise ConfigError(f"Redis URL {url!r} must start with redis://, rediss:// or unix://")
+    if not url.startswith(SCHEMES):
+        raise ConfigError(
+            f"Redis URL {url!r} must start with redis://, rediss://, unix:// or redis+sentinel://"
+        )
+    if is_sentinel_url(url):
+        return await _connect_sentinel(url, max_connections)
     probe = aioredis.Redis.from_url(url, socket_connect_timeout=5)
     try:
         info = await probe.info("cluster")
@@ -133,3 +170,42 @@ async def connect(url: str, *, max_connections: int = 64) -> RedisClient:
         **_pool_options(url),
     )
     return aioredis.Redis.from_pool(pool)  # owns the pool: aclose() closes its sockets
+
+
+async def _connect_sentinel(url: str, max_connections: int) -> aioredis.Redis:
+    """A client of the primary a Sentinel service names (standalone: no Cluster detection),
+    checked with a PING."""
+    target = parse_sentinel_url(url)
+    client = sentinel_client(url, max_connections=max_connections)
+    try:
+        await client.ping()
+    except (RedisError, OSError) as exc:
+        await client.aclose()
+        raise RedisUnavailable(f"cannot reach the primary of {target.describe()}: {exc}") from exc
+    return client
+
+
+def sentinel_client(url: str, *, max_connections: int = 64) -> aioredis.Redis:
+    """A client of the primary of a `redis+sentinel://` URL, on a blocking pool of our
+    connection class (nothing is connected yet).
+
+    Raises:
+        ConfigError: the URL is malformed.
+    """
+    return primary_client(
+        parse_sentinel_url(url),
+        connection_class=_SentinelConnection,
+        max_connections=max_connections,
+        timeout=30,
+        socket_timeout=SOCKET_TIMEOUT_S,
+        socket_connect_timeout=5,
+        **_pool_options(url),
+    )
+
+
+def node_client(url: str) -> aioredis.Redis:
+    """A plain client of one node: the URL's server (a Cluster's node given), or the
+    primary a Sentinel URL names (for pub/sub: PUBLISH reaches every node of a Cluster)."""
+    if is_sentinel_url(url):
+        return sentinel_client(url, max_connections=4)
+    return aioredis.Redis.from_url(url)

@@ -19,7 +19,13 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ConnectionError, ResponseError
 
 from timewheel.errors import RedisUnavailable
-from timewheel.store.connection import SOCKET_TIMEOUT_S, UNREACHABLE, RedisClient, torn_connection
+from timewheel.store.connection import (
+    SOCKET_TIMEOUT_S,
+    UNREACHABLE,
+    RedisClient,
+    demoted,
+    torn_connection,
+)
 from timewheel.store.library import Script, ScriptArg, is_missing_function
 from timewheel.store.replication import ReplicaWait
 
@@ -42,7 +48,8 @@ class Lane:
     A kept connection that the server closed meanwhile (a restart) has seen its end of
     stream while idle: it is reconnected before use, as the pool's probe would. A
     connection that fails halfway is closed (its replies may be left unread); the next
-    use connects it again.
+    use connects it again. So is one whose server answered READONLY (a primary demoted
+    by Sentinel): on a Sentinel URL it connects again to the promoted replica.
     """
 
     def __init__(self, client: aioredis.Redis, *, keep: int = 4):
@@ -83,6 +90,8 @@ class Lane:
             await conn.disconnect()
             await self._give_back(conn)
             raise
+        if demoted(out):
+            await conn.disconnect()
         await self._give_back(conn)
         return out
 

@@ -119,7 +119,7 @@ def find_free_port(host: str = "127.0.0.1", *, cluster_bus: bool = False) -> int
     raise ConfigError(f"no free port on {host} (cluster_bus={cluster_bus})")
 
 
-def _quote(value: str) -> str:
+def quote_config(value: str) -> str:
     """Quote a redis.conf argument when it is empty or holds spaces/quotes."""
     if value and not any(c.isspace() or c in "\"'\\" for c in value):
         return value
@@ -215,6 +215,13 @@ class RedisServer:
         settings.update(self.extra_config)
         return settings
 
+    def config_lines(self) -> list[str]:
+        """The lines of the redis.conf `start()` writes."""
+        return [f"{key} {quote_config(value)}" for key, value in self.config().items()]
+
+    mode_args: tuple[str, ...] = ()
+    """Arguments after the config file on redis-server's command line (--sentinel)."""
+
     def start(self, timeout_s: float = 15.0) -> None:
         """Write redis.conf, spawn redis-server and wait until it answers PING.
 
@@ -233,11 +240,10 @@ class RedisServer:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         if self.port == 0:
             self.port = find_free_port(self.host, cluster_bus=self.cluster)
-        lines = [f"{key} {_quote(value)}" for key, value in self.config().items()]
-        self.config_path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        self.config_path.write_text("\n".join(self.config_lines()) + "\n", encoding="utf-8")
         with self.log_path.open("ab") as log:
             self._proc = subprocess.Popen(
-                [binary, str(self.config_path)],
+                [binary, str(self.config_path), *self.mode_args],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
