@@ -851,12 +851,14 @@ def restart_line(r: dict[str, Any]) -> str:
 # -- takeover --------------------------------------------------------------------------------
 
 
-def replica_refusal(used_memory: int, aof_bytes: int, root: Path) -> dict[str, Any] | None:
+def replica_refusal(
+    used_memory: int, aof_bytes: int, root: Path, margin: float = REPLICA_MARGIN
+) -> dict[str, Any] | None:
     """Why a replica of a server of `used_memory` bytes is not started here, or None."""
     available = meminfo().get("MemAvailable", 0)
     disk_free = shutil.disk_usage(root).free
-    need_mem = round(used_memory * REPLICA_MARGIN)
-    need_disk = round(aof_bytes * REPLICA_MARGIN)
+    need_mem = round(used_memory * margin)
+    need_disk = round(aof_bytes * margin)
     if available >= need_mem and disk_free >= need_disk:
         return None
     return {
@@ -880,7 +882,7 @@ async def takeover_part(bench: Bench) -> dict[str, Any]:
         aof = (await aof_sizes(client))["aof_current_size"]
     finally:
         await client.aclose()
-    refused = replica_refusal(used, aof, bench.root)
+    refused = replica_refusal(used, aof, bench.root, bench.args.replica_margin)
     if refused is not None:
         log(f"takeover: skipped: {refused['reason']}")
         return refused
@@ -1071,6 +1073,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument(
         "--failover-timeout-ms", type=int, default=5000, help="sentinel failover-timeout"
+    )
+    parser.add_argument(
+        "--replica-margin",
+        type=float,
+        default=REPLICA_MARGIN,
+        help="free memory (and disk) a replica needs, times the primary's used_memory (AOF)",
     )
     args = parser.parse_args(argv)
     args.parts = parse_parts(args.parts, parser)
