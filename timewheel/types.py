@@ -71,8 +71,9 @@ def optional_rfc3339(ms: int | None) -> str | None:
 
 
 SCAN_CURSOR_MAX = 2**64 - 1
-"""The largest cursor SCAN, SSCAN and HSCAN take: a larger one is a Redis error, and a
-listing cursor holding one was not given out by the API."""
+"""The largest cursor SCAN, SSCAN and HSCAN take, and the largest part of a stream entry
+id: a larger one is a Redis error, and a listing cursor holding one was not given out by
+the API."""
 
 
 def text(value: object) -> str:

@@ -460,6 +460,13 @@ async def test_run_history_and_dead_letters_over_http(
     assert_error(await client.delete(f"/v1/dead-letters/{task['id']}"), 404, "not_found")
     assert_error(await client.get("/v1/dead-letters?limit=0"), 422, "invalid", "limit")
     assert_error(await client.get("/v1/dead-letters?cursor=abc"), 422, "invalid", "cursor")
+    # well formed, but past what a stream entry id holds (2^64 - 1 per part)
+    too_far = "/v1/dead-letters?cursor=2-68-50564288131875633290"
+    assert_error(await client.get(too_far), 422, "invalid", "cursor")
+    last = f"/v1/dead-letters?cursor=0-{2**64 - 1}-{2**64 - 1}"
+    assert_error(await client.get(last), 422, "invalid", "cursor")
+    highest = await client.get(f"/v1/dead-letters?cursor=0-{2**64 - 1}-0")
+    assert highest.status_code == 200 and highest.json()["items"] == []
 
 
 async def test_dead_letter_pages_and_purge(

@@ -7,11 +7,11 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
-from timewheel.errors import RedisUnavailable
+from timewheel.errors import RedisUnavailable, ValidationError
 from timewheel.store.library import check
 from timewheel.store.shard import Call, Store, clock_arg
 from timewheel.tasks.creates import REFUSED, CapOf, refusal
-from timewheel.types import field_int, field_text
+from timewheel.types import SCAN_CURSOR_MAX, field_int, field_text
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +31,24 @@ class DeadLetter:
     entry_id: str
 
 
+def _parse_cursor(cursor: str) -> tuple[int, str]:
+    """The shard and the exclusive XRANGE start of '<shard>-<ms>-<seq>'; a ValidationError
+    for anything a stream entry id cannot be (each part at most 2^64 - 1)."""
+    try:
+        shard_text, ms_text, seq_text = cursor.split("-")
+        shard, ms, seq = int(shard_text), int(ms_text), int(seq_text)
+        # the last id there can be has nothing after it: XRANGE refuses "(" before it
+        if (
+            min(shard, ms, seq) < 0
+            or max(ms, seq) > SCAN_CURSOR_MAX
+            or ms == seq == SCAN_CURSOR_MAX
+        ):
+            raise ValueError(cursor)
+    except ValueError:
+        raise ValidationError("cursor is not one this API gave out", field="cursor") from None
+    return shard, f"({ms}-{seq}"
+
+
 async def list_dead(
     store: Store, tenant: str, *, limit: int = 100, after: str | None = None
 ) -> tuple[list[DeadLetter], str | None]:
@@ -41,8 +59,7 @@ async def list_dead(
     shards = sorted(await store.tenant_shards(tenant))
     start_shard, start_id = shards[0], "-"
     if after:
-        shard_text, _, entry = after.partition("-")
-        start_shard, start_id = int(shard_text), f"({entry}"
+        start_shard, start_id = _parse_cursor(after)
     out: list[DeadLetter] = []
     try:
         for shard in shards:
