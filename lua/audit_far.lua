@@ -1,7 +1,8 @@
 --[[ audit_far: check far buckets of one shard, one bounded step of members at a time
   (read only; docs/operations/auditing.md).
-  KEYS[1 ..] bucket  HASH tag..'w:'..start, member -> '', each of the same shard (the tag
-                     is KEYS[1] up to '}:'), read in order
+  KEYS[1 ..] bucket  HASH tag..'w:'..start (or a child, tag..'w:'..start..':'..<hex>),
+                     member -> '', each of the same shard (the tag is KEYS[1] up to '}:'),
+                     read in order
   ARGV[1] HSCAN cursor in KEYS[1] ('0' = from its start)   ARGV[2] limit: members per call
           (<= 500; a listpack-encoded bucket answers whole, up to 1,024)   ARGV[3] bucket_ms
   ARGV[4 ..] per key of KEYS, the scheduled runs audit_records found in it: an indexed
@@ -14,8 +15,8 @@
            audit_records.
   Errors:  none.
   Checks: every member has a record (record_missing) that says scheduled
-  (wheel_member_stale), due within its bucket and not before promoted_until
-  (wheel_misplaced: the tick never reads far buckets); the bucket is in the wheel index,
+  (wheel_member_stale), due within its bucket, not before promoted_until and in a bucket
+  of its path (wheel_misplaced: the tick never reads far buckets, a cancel reads the path); the bucket is in the wheel index,
   which the promoter reads (not_in_wheel for each of its runs otherwise). ]]
 local rcall = redis.call
 local cursor, limit, bucket_ms = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -29,10 +30,24 @@ local tag = string.match(KEYS[1], '^(.-}:)')
 local out = { 0, '0', 0, 0 }
 local promoted = wheel_promoted_until(tag .. 'meta')
 
-local function check_member(start, indexed, run_id)
+-- Whether bucket `name` (a bucket start, or a child of one) is on the member's path.
+local function on_path(name, start, member)
+  if name == start then
+    return true
+  end
+  for _, n in ipairs(wheel_path(start, member)) do
+    if n == name then
+      return true
+    end
+  end
+  return false
+end
+
+local function check_member(name, indexed, run_id)
+  local start = wheel_bucket_start(name)
   local r, raw = audit_read(tag, run_id, true)
   if raw == nil then
-    audit_add(out, 'record_missing', '', run_id, '', 'in the far bucket w:' .. start
+    audit_add(out, 'record_missing', '', run_id, '', 'in the far bucket w:' .. name
       .. ' but it has no record')
     return
   elseif r == nil then
@@ -41,15 +56,18 @@ local function check_member(start, indexed, run_id)
   local tenant, due = r[R_TENANT], r[R_DUE]
   if r[R_STATE] ~= ST_SCHEDULED then
     audit_add(out, 'wheel_member_stale', tenant, run_id, '', string.format(
-      'in the far bucket w:%s but its record says state %d', start, r[R_STATE]))
+      'in the far bucket w:%s but its record says state %d', name, r[R_STATE]))
   elseif audit_bucket(due, bucket_ms) ~= start then
     audit_add(out, 'wheel_misplaced', tenant, run_id, '', string.format(
-      'in the far bucket w:%s but due %d, in w:%s', start, due, audit_bucket(due, bucket_ms)))
+      'in the far bucket w:%s but due %d, in w:%s', name, due, audit_bucket(due, bucket_ms)))
   elseif due < promoted then
     audit_add(out, 'wheel_misplaced', tenant, run_id, '', string.format(
-      'in the far bucket w:%s but due %d, before promoted_until %d', start, due, promoted))
+      'in the far bucket w:%s but due %d, before promoted_until %d', name, due, promoted))
+  elseif not on_path(name, start, wheel_member(run_id)) then
+    audit_add(out, 'wheel_misplaced', tenant, run_id, '', 'in the far bucket w:' .. name
+      .. ', which is not on its path (lib/wheel.lua): a cancel would not find it')
   elseif not indexed then
-    audit_add(out, 'not_in_wheel', tenant, run_id, '', 'its far bucket w:' .. start
+    audit_add(out, 'not_in_wheel', tenant, run_id, '', 'its far bucket w:' .. name
       .. ' is not in the wheel index: the promoter never moves it',
       string.format('%d', r[R_ATTEMPT]))
   end
@@ -58,8 +76,8 @@ end
 local done, read, counted = 0, 0, 0
 while done < #KEYS and read < limit do
   local bucket_key = KEYS[done + 1]
-  local start = string.sub(bucket_key, #tag + 3)
-  local indexed = rcall('ZSCORE', tag .. 'wheel', start) ~= false
+  local name = string.sub(bucket_key, #tag + 3)
+  local indexed = rcall('ZSCORE', tag .. 'wheel', name) ~= false
   local whole = false
   if cursor == '0' and indexed then
     local size = rcall('HLEN', bucket_key)
@@ -72,7 +90,7 @@ while done < #KEYS and read < limit do
   else
     local next_cursor, flat = audit_scan(bucket_key, cursor, limit - read)
     for i = 1, #flat, 2 do
-      check_member(start, indexed, wheel_run_id(tag, flat[i]))
+      check_member(name, indexed, wheel_run_id(tag, flat[i]))
     end
     read = read + #flat / 2
     cursor = next_cursor

@@ -5,7 +5,8 @@
   ARGV[1] horizon_ms   ARGV[2] bucket_ms   ARGV[3] limit: most runs moved per call (<= 5000:
           HSCAN COUNT and HDEL arguments stay small and the call stays short)
   ARGV[4] now_ms override ('' = TIME)   ARGV[5] node ('' = unfenced)   ARGV[6] epoch
-  Derived keys (same tag): w:<bucket>, t:<xy>, near:<tenant>, lease.
+  Derived keys (same tag): w:<bucket> and its children w:<bucket>:<hex> (lib/wheel.lua),
+  t:<xy>, near:<tenant>, lease.
   Returns: {moved, more, promoted_until, next_bucket_ms}   more = 1 if buckets within the
            horizon remain; next_bucket_ms = -1 when the far level is empty.
   Errors:  {-3} LEASE_LOST.
@@ -59,5 +60,5 @@ if more == 0 then
     rcall('HSET', meta_key, 'promoted_until', promoted_until)
   end
 end
-local next_bucket = rcall('ZRANGE', wheel_key, 0, 0)[1]
+local next_bucket = rcall('ZRANGE', wheel_key, 0, 0, 'WITHSCORES')[2]  -- a child's is its start
 return { moved, more, promoted_until, tonumber(next_bucket) or -1 }

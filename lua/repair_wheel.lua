@@ -4,8 +4,8 @@
   ARGV[1] run_id   ARGV[2] its attempt as the audit found it stored ('' = any)
   ARGV[3] bucket_ms   ARGV[4] now_ms override ('' = TIME)   ARGV[5] wake channel
   ('' = none)   ARGV[6] shard number (the wake message)
-  Derived keys (same tag): t:<xy>, near:<tenant>, due, w:<bucket>, wheel, s:<sid>, rates,
-  tokens.
+  Derived keys (same tag): t:<xy>, near:<tenant>, due, w:<bucket> and its children
+  (lib/wheel.lua), wheel, s:<sid>, rates, tokens.
   Returns: {1}         placed (wheel_place: its level, the wheel index, the due index)
            {0, why}    nothing done: 'moved on' (no longer scheduled at that attempt),
                        'held' (its schedule holds it back), 'in place' (a parked run
@@ -56,9 +56,20 @@ if near then
   -- Into the near level, where it is: the near entry stays, the due index learns it.
   promoted = math.max(promoted, due + 1)
 elseif far then
-  if rcall('ZSCORE', tag .. 'wheel', audit_bucket(due, bucket_ms)) then
+  -- In its far bucket (or a child of it, lib/wheel.lua): only the index can be missing it.
+  local start = audit_bucket(due, bucket_ms)
+  local name = wheel_far(tag, start, wheel_member(run_id))
+  if rcall('ZSCORE', tag .. 'wheel', name) then
     return { 0, 'in place' }
   end
+  local earliest = rcall('ZRANGE', tag .. 'wheel', 0, 0, 'WITHSCORES')[2]
+  rcall('ZADD', tag .. 'wheel', start, name)
+  local wake = 0
+  if earliest == nil or tonumber(earliest) > tonumber(start) then
+    wake = 1
+  end
+  wake_publish(wake, wake_channel, shard)
+  return { 1 }
 elseif due < promoted then
   return { 0, 'out' }
 end

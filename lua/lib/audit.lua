@@ -121,8 +121,7 @@ end
 
 local function audit_where(tag, run_id, r, bucket_ms)
   local near = redis.call('ZSCORE', tag .. 'near:' .. r[R_TENANT], run_id)
-  local far = redis.call('HEXISTS', tag .. 'w:' .. audit_bucket(r[R_DUE], bucket_ms),
-    wheel_member(run_id)) == 1
+  local far = wheel_far(tag, audit_bucket(r[R_DUE], bucket_ms), wheel_member(run_id)) ~= nil
   local held = r[R_SCHEDULE] ~= nil
     and redis.call('HGET', schedule_key(tag, r[R_SCHEDULE]), 'held') == run_id
   return near, far, held
@@ -136,17 +135,21 @@ end
 -- member no record accounts for, which audit_near or audit_far reads.
 local function audit_level(tag, run_id, r, promoted, bucket_ms)
   local due = r[R_DUE]
-  local bucket_key = tag .. 'w:' .. audit_bucket(due, bucket_ms)
-  if due >= promoted
-      and redis.call('HEXISTS', bucket_key, wheel_member(run_id)) == 1 then
-    return 'far', bucket_key
+  local bucket = audit_bucket(due, bucket_ms)
+  if due >= promoted then
+    local name = wheel_far(tag, bucket, wheel_member(run_id))
+    if name then
+      return 'far', tag .. 'w:' .. name
+    end
   end
   local near_key = tag .. 'near:' .. r[R_TENANT]
   if redis.call('ZSCORE', near_key, run_id) then
     return 'near', near_key
-  elseif due < promoted
-      and redis.call('HEXISTS', bucket_key, wheel_member(run_id)) == 1 then
-    return 'far', bucket_key
+  elseif due < promoted then
+    local name = wheel_far(tag, bucket, wheel_member(run_id))
+    if name then
+      return 'far', tag .. 'w:' .. name
+    end
   end
   if r[R_SCHEDULE] ~= nil
       and redis.call('HGET', schedule_key(tag, r[R_SCHEDULE]), 'held') == run_id then

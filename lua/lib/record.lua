@@ -103,9 +103,9 @@ local function record_sent(tag, run_id, r, promoted_until, near, parked)
   end
   local due = r[R_DUE]
   if due >= (promoted_until or wheel_promoted_until(tag .. 'meta')) then
-    local bucket = redis.call('ZRANGE', tag .. 'wheel', due, '-inf', 'BYSCORE', 'REV', 'LIMIT', 0,
-      1)[1]
-    if bucket and redis.call('HEXISTS', tag .. 'w:' .. bucket, wheel_member(run_id)) == 1 then
+    local latest = redis.call('ZRANGE', tag .. 'wheel', due, '-inf', 'BYSCORE', 'REV', 'LIMIT',
+      0, 1, 'WITHSCORES')
+    if latest[2] and wheel_far(tag, latest[2], wheel_member(run_id)) then
       return false
     end
   end

@@ -4,7 +4,10 @@
 --                (may be stale-early after a cancel; the tick repairs it).
 --   far level:   tag..'w:'..bucket_start HASH member -> '' (listpack-sized), indexed by
 --                tag..'wheel' ZSET bucket_start -> bucket_start. Bodies stay in the body
---                hash; the promoter reads due_ms and tenant from there.
+--                hash; the promoter reads due_ms and tenant from there. A bucket that
+--                holds WHEEL_SPLIT members takes new ones in child buckets
+--                tag..'w:'..bucket_start..':'..<hex digits>, indexed as bucket_start..':'..
+--                <hex digits> -> bucket_start (wheel_path below).
 -- Invariant: no far-level entry has due_ms < meta.promoted_until.
 --
 --   wheel_place(tag, meta, run_id, tenant, due_ms, bucket_ms, promoted_until) -> wake
@@ -23,6 +26,11 @@
 --   wheel_promoted_until(meta) -> ms   where the near level ends.
 --   wheel_member(run_id) -> member;  wheel_run_id(tag, member) -> run_id   far buckets'
 --       members, without the shard characters.
+--   wheel_path(bucket, member) -> names   the buckets (index members, level by level) a
+--       far member of bucket start `bucket` may be in.
+--   wheel_far(tag, bucket, member) -> name | nil   the bucket that holds it, if any;
+--       wheel_far_child(tag, bucket, member) the same among its children only.
+--   wheel_bucket_start(name) -> start   the start of a bucket named in the index.
 --   wheel_first_bucket(index_key, upto) -> start | nil   the oldest bucket of an index.
 --   wheel_drain(index_key, bucket_prefix, upto, limit, each, meta_key, bucket_field,
 --       cursor_field) -> taken, at_limit   empty buckets of an index, in bounded steps;
@@ -38,6 +46,54 @@ end
 -- The run id of a far bucket member of shard `tag` ('{<prefix>:<n>}:').
 local function wheel_run_id(tag, member)
   return string.format('%03x', tonumber(string.match(tag, ':(%d+)}:$'))) .. member
+end
+
+-- Far buckets that split. A far bucket holds at most WHEEL_SPLIT members, so it stays a
+-- listpack under hash-max-listpack-entries 1024 (deploy/redis.conf); once it holds that
+-- many, a new member goes to a child chosen by the first hex digit of the member's SHA-1,
+-- and past a full child to a grandchild by the first two, and so on: 'w:<start>',
+-- 'w:<start>:a', 'w:<start>:a7', 'w:<start>:a7e' (the last level takes any number;
+-- 1,000 + 16,000 + 256,000 before it, then 4,096 hashes). Each child is a member of the
+-- wheel index scored by the bucket start, so the promoter drains it as any bucket. A
+-- member is in one bucket of its path: placed only when the run is in no level, taken out
+-- from the first bucket of the path that holds it. The digest is taken only past a full
+-- bucket or on a miss in the bucket itself, so a bucket under the split costs what it did.
+local WHEEL_SPLIT = 1000
+local WHEEL_LEVELS = 4
+
+local function wheel_path(bucket, member)
+  local h = redis.sha1hex(member)
+  local names = { bucket }
+  for level = 1, WHEEL_LEVELS - 1 do
+    names[level + 1] = bucket .. ':' .. string.sub(h, 1, level)
+  end
+  return names
+end
+
+-- The child of bucket start `bucket` that holds `member`, or nil.
+local function wheel_far_child(tag, bucket, member)
+  local names = wheel_path(bucket, member)
+  for level = 2, WHEEL_LEVELS do
+    if redis.call('HEXISTS', tag .. 'w:' .. names[level], member) == 1 then
+      return names[level]
+    end
+  end
+  return nil
+end
+
+local function wheel_far(tag, bucket, member)
+  if redis.call('HEXISTS', tag .. 'w:' .. bucket, member) == 1 then
+    return bucket
+  end
+  return wheel_far_child(tag, bucket, member)
+end
+
+local function wheel_bucket_start(name)
+  local colon = string.find(name, ':', 1, true)
+  if colon then
+    return string.sub(name, 1, colon - 1)
+  end
+  return name
 end
 
 local function wheel_promoted_until(meta)
@@ -66,9 +122,20 @@ local function wheel_place(tag, meta, run_id, tenant, due_ms, bucket_ms, promote
   -- One integer format instead of three '%.14g' ones when Redis converts the number.
   local bucket = string.format('%d', due_ms - (due_ms % bucket_ms))
   local wheel = tag .. 'wheel'
-  redis.call('HSET', tag .. 'w:' .. bucket, wheel_member(run_id), '')
-  if redis.call('ZADD', wheel, bucket, bucket) == 0 then
-    return 0  -- the bucket was there already, so it is not a new earliest
+  local member = wheel_member(run_id)
+  local name, key = bucket, tag .. 'w:' .. bucket
+  if redis.call('HLEN', key) >= WHEEL_SPLIT then
+    local names = wheel_path(bucket, member)
+    for level = 2, WHEEL_LEVELS do
+      name, key = names[level], tag .. 'w:' .. names[level]
+      if level == WHEEL_LEVELS or redis.call('HLEN', key) < WHEEL_SPLIT then
+        break
+      end
+    end
+  end
+  redis.call('HSET', key, member, '')
+  if redis.call('ZADD', wheel, bucket, name) == 0 or name ~= bucket then
+    return 0  -- the bucket was there already (a child's parent is), so not a new earliest
   end
   if redis.call('ZRANGE', wheel, 0, 0)[1] == bucket then
     return 1
@@ -99,11 +166,20 @@ local function wheel_remove(tag, run_id, tenant, due_ms, bucket_ms, queue)
   if queue and redis.call('ZREM', tag .. 'park:' .. tenant .. ':' .. queue, run_id) == 1 then
     return  -- parked (lib/park.lua); the tick drops the pair once its set is empty
   end
-  local bucket = due_ms - (due_ms % bucket_ms)
+  local bucket = string.format('%d', due_ms - (due_ms % bucket_ms))
+  local member = wheel_member(run_id)
   local wkey = tag .. 'w:' .. bucket
-  redis.call('HDEL', wkey, wheel_member(run_id))
+  local name = bucket
+  if redis.call('HDEL', wkey, member) == 0 then
+    name = wheel_far_child(tag, bucket, member)
+    if name == nil then
+      return
+    end
+    wkey = tag .. 'w:' .. name
+    redis.call('HDEL', wkey, member)
+  end
   if redis.call('EXISTS', wkey) == 0 then
-    redis.call('ZREM', tag .. 'wheel', bucket)
+    redis.call('ZREM', tag .. 'wheel', name)
   end
 end
 

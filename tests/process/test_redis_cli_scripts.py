@@ -630,3 +630,43 @@ async def test_on_a_cluster_the_scripts_read_every_shard_from_any_node(
     fields = _fields(_run(first, engine.settings.prefix, "task-record", far_off).stdout)
     assert (fields["state"], fields["attempt"]) == (["dispatched"], ["1"])
     assert fields["where"][1].startswith("pending in group timewheel consumer c1 ")
+
+
+async def test_scripts_read_a_far_bucket_split_into_children(standalone_engine: Engine) -> None:
+    """Past 1,000 runs of one shard in one bucket, new ones go to children
+    'w:<start>:<hex>' (lua/lib/wheel.lua): the scripts count, list and find them."""
+    engine = standalone_engine
+    sec, usec = await engine.client.time()
+    now = sec * 1000 + usec // 1000
+    await prime(engine, now)
+    due = now + 3_600_000
+    ids: list[str] = []
+    for _ in range(3):
+        made = await engine.tasks.create_many(
+            [NewTask(tenant="acme", run_at_ms=due) for _ in range(500)]
+        )
+        ids.extend(m.task_id for m in made)
+    shard = engine.store.shards_of("acme")[0]
+    start = due - due % engine.settings.bucket_ms
+
+    rows = {r["shard"]: r for r in _table(_out(engine, "due-per-shard"))}
+    assert rows[str(shard)]["far"] == "1500"
+
+    wheel = _out(engine, "shard-wheel", str(shard), "100")
+    buckets = wheel.split("far level: ", 1)[1]
+    assert buckets.splitlines()[0].endswith("runs 1500")
+    listed = _table("\n".join(buckets.splitlines()[1:]))
+    assert listed[0]["bucket"] == str(start) and listed[0]["runs"] == "1000"
+    assert {row["start"] for row in listed} == {_iso(start)}
+    assert sum(int(row["runs"]) for row in listed) == 1500 and len(listed) == 17
+
+    k = engine.keys
+    in_child = [
+        run_id
+        for run_id in ids
+        if not await engine.client.hexists(k.bucket(shard, start), k.bucket_member(run_id))
+    ]
+    assert len(in_child) == 500
+    where = _fields(_out(engine, "task-record", in_child[0]))["where"]
+    child = k.bucket_path(shard, start, k.bucket_member(in_child[0]))[1]
+    assert where == [f"far bucket {child} from {_iso(start)}"]

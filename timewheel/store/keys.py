@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
+
+WHEEL_LEVELS = 4
+"""A far bucket and its children, level by level (lua/lib/wheel.lua WHEEL_LEVELS)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,8 +41,18 @@ class Keys:
         return self.tag(shard) + "wheel"
 
     def bucket(self, shard: int, bucket_start_ms: int) -> str:
-        """HASH member -> '' of one far-level time bucket (see bucket_member)."""
+        """HASH member -> '' of one far-level time bucket (see bucket_member); a full one
+        splits into children (bucket_path)."""
         return f"{self.tag(shard)}w:{bucket_start_ms}"
+
+    def bucket_path(self, shard: int, bucket_start_ms: int, member: str) -> list[str]:
+        """The far buckets a member of one time bucket may be in, level by level: the
+        bucket, then the children it splits into once full, chosen by the hex digits of
+        the member's SHA-1 (lua/lib/wheel.lua wheel_path), e.g. ``w:<start>``,
+        ``w:<start>:a``, ``w:<start>:a7``, ``w:<start>:a7e``."""
+        base = self.bucket(shard, bucket_start_ms)
+        digest = hashlib.sha1(member.encode()).hexdigest()
+        return [base] + [f"{base}:{digest[:level]}" for level in range(1, WHEEL_LEVELS)]
 
     @staticmethod
     def bucket_member(run_id: str) -> str:

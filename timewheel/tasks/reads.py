@@ -14,7 +14,7 @@ from redis.exceptions import RedisError
 
 from timewheel.errors import RedisUnavailable, TaskNotFound
 from timewheel.store import record
-from timewheel.store.keys import Keys
+from timewheel.store.keys import WHEEL_LEVELS, Keys
 from timewheel.store.shard import Store
 from timewheel.tasks.model import Task
 
@@ -53,10 +53,16 @@ async def get(store: Store, tenant: str, task_id: str) -> Task:
     return task
 
 
-def _far_key(store: Store, shard: int, task: Task) -> tuple[str, str]:
-    bucket_ms = store.settings.bucket_ms
+def _far_lookups(pipe: Any, store: Store, shard: int, task: Task) -> None:
+    """HEXISTS of the run in each far bucket of its path (a full bucket's children:
+    store/keys.py bucket_path), FAR_LOOKUPS replies."""
     due = task.due_ms
-    return store.keys.bucket(shard, due - due % bucket_ms), Keys.bucket_member(task.run_id)
+    member = Keys.bucket_member(task.run_id)
+    for key in store.keys.bucket_path(shard, due - due % store.settings.bucket_ms, member):
+        pipe.hexists(key, member)
+
+
+FAR_LOOKUPS = WHEEL_LEVELS
 
 
 async def _parked_score(store: Store, shard: int, task: Task) -> Any:
@@ -70,14 +76,15 @@ async def _parked_score(store: Store, shard: int, task: Task) -> Any:
 
 
 async def _in_far(store: Store, shard: int, tasks: Sequence[Task]) -> bool:
-    """Whether every one of `tasks` is in its far bucket (one round trip)."""
+    """Whether every one of `tasks` is in a far bucket of its path (one round trip)."""
     try:
         pipe = store.client.pipeline(transaction=False)
         for t in tasks:
-            pipe.hexists(*_far_key(store, shard, t))
-        return all(await pipe.execute())
+            _far_lookups(pipe, store, shard, t)
+        found: list[Any] = await pipe.execute()
     except (RedisError, OSError) as exc:
         raise RedisUnavailable(f"cannot read the far level: {exc}") from exc
+    return all(any(found[i : i + FAR_LOOKUPS]) for i in range(0, len(found), FAR_LOOKUPS))
 
 
 async def sent_runs(store: Store, shard: int, tasks: Sequence[Task]) -> set[str]:
@@ -94,15 +101,16 @@ async def sent_runs(store: Store, shard: int, tasks: Sequence[Task]) -> set[str]
             pipe.zscore(k.near(shard, t.tenant), t.run_id)
             # '-' names no schedule: a one-shot run is never held.
             pipe.hget(k.schedule(shard, t.schedule_id or "-"), "held")
-            pipe.hexists(*_far_key(store, shard, t))
             pipe.zscore(k.park(shard, t.tenant, t.queue), t.run_id)  # parked: waiting
+            _far_lookups(pipe, store, shard, t)
         replies: list[Any] = await pipe.execute()
     except (RedisError, OSError) as exc:
         raise RedisUnavailable(f"cannot read the wheel: {exc}") from exc
     promoted = replies[0]
     out = set()
+    step = 3 + FAR_LOOKUPS
     for i, t in enumerate(waiting):
-        near, held, in_far, parked = replies[1 + 4 * i : 5 + 4 * i]
-        if record.is_sent(t.run_id, t.due_ms, promoted, near or parked, held, in_far):
+        near, held, parked, *far = replies[1 + step * i : 1 + step * (i + 1)]
+        if record.is_sent(t.run_id, t.due_ms, promoted, near or parked, held, any(far)):
             out.add(t.run_id)
     return out

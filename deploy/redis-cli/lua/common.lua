@@ -97,10 +97,27 @@ local function tw_sent(tag, run_id, r)
   return not (r[R_SCHEDULE] and redis.call('HGET', tag .. 's:' .. r[R_SCHEDULE], 'held') == run_id)
 end
 
+-- The far bucket of start `bucket` that holds `member`: the bucket, or a child a full
+-- bucket split into ('<start>:' and 1-3 hex digits of the member's SHA-1, lua/lib/wheel.lua);
+-- its name, or nil.
+local function tw_far(tag, bucket, member)
+  if redis.call('HEXISTS', tag .. 'w:' .. bucket, member) == 1 then
+    return bucket
+  end
+  local h = redis.sha1hex(member)
+  for level = 1, 3 do
+    local name = bucket .. ':' .. string.sub(h, 1, level)
+    if redis.call('HEXISTS', tag .. 'w:' .. name, member) == 1 then
+      return name
+    end
+  end
+  return nil
+end
+
 -- A far bucket's runs due by `now` and the earliest due time among them, read from their
 -- records; nil for a bucket of more than `most` runs (those are not read).
-local function tw_bucket_due(tag, start, now, most)
-  local bkey = tag .. 'w:' .. start
+local function tw_bucket_due(tag, name, now, most)
+  local bkey = tag .. 'w:' .. name
   if redis.call('HLEN', bkey) > most then
     return nil
   end

@@ -26,10 +26,14 @@ for _, tenant in ipairs(redis.call('ZRANGE', tag .. 'due', 0, -1)) do
 end
 
 local far = 0
-for i, start in ipairs(redis.call('ZRANGE', tag .. 'wheel', 0, -1)) do
+-- Index members are bucket starts, or a full bucket's children '<start>:<hex>' scored by
+-- their start (lua/lib/wheel.lua).
+local wheel = redis.call('ZRANGE', tag .. 'wheel', 0, -1, 'WITHSCORES')
+for j = 1, #wheel, 2 do
+  local i, start = (j + 1) / 2, wheel[j]
   local runs = redis.call('HLEN', tag .. 'w:' .. start)
   far = far + runs
-  local b = tonumber(start)
+  local b = tonumber(wheel[j + 1])
   local straddles = b <= now and now < b + bucket_ms
   local first = i == 1 and next_due == nil
   local b_due, b_earliest = runs, b

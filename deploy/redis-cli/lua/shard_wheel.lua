@@ -9,9 +9,10 @@
 --       while dispatch_rate holds the tenant back); rate and tokens from the rates and
 --       tokens hashes ('-' for a tenant without dispatch_rate)
 --   'far <buckets> <runs>'
---   'bucket <start ms> <start iso> <runs> <earliest due iso>', oldest first, at most
---       ARGV[2] of them (the earliest due read from the records of a bucket of at most
---       1,024 runs, else '-')
+--   'bucket <name> <start iso> <runs> <earliest due iso>', oldest first, at most
+--       ARGV[2] of them; the name is the start ms, or '<start ms>:<hex>' for a child of a
+--       full bucket (lua/lib/wheel.lua); the earliest due read from the records of a
+--       bucket of at most 1,024 runs, else '-')
 local tag = tw_tag(KEYS[1])
 local most = tonumber(ARGV[2])
 local now = tw_now(tag)
@@ -46,17 +47,18 @@ for _, line in ipairs(lines) do
   out[#out + 1] = line
 end
 
-local buckets = redis.call('ZRANGE', tag .. 'wheel', 0, -1)
+local buckets = redis.call('ZRANGE', tag .. 'wheel', 0, -1, 'WITHSCORES')
 lines, runs = {}, 0
-for i, start in ipairs(buckets) do
-  local n = redis.call('HLEN', tag .. 'w:' .. start)
+for j = 1, #buckets, 2 do
+  local name, start = buckets[j], buckets[j + 1]
+  local n = redis.call('HLEN', tag .. 'w:' .. name)
   runs = runs + n
-  if i <= most then
-    local _, earliest = tw_bucket_due(tag, start, now, 1024)
-    lines[#lines + 1] = tw_line('bucket', tw_int(start), tw_iso(start), tw_int(n), tw_iso(earliest))
+  if (j + 1) / 2 <= most then
+    local _, earliest = tw_bucket_due(tag, name, now, 1024)
+    lines[#lines + 1] = tw_line('bucket', name, tw_iso(start), tw_int(n), tw_iso(earliest))
   end
 end
-out[#out + 1] = tw_line('far', tw_int(#buckets), tw_int(runs))
+out[#out + 1] = tw_line('far', tw_int(#buckets / 2), tw_int(runs))
 for _, line in ipairs(lines) do
   out[#out + 1] = line
 end

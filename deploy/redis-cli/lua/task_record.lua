@@ -58,8 +58,9 @@ if state == 0 then
   local score = redis.call('ZSCORE', near, run_id)
   if score then
     where('near level', near, 'score', score)
-  elseif redis.call('HEXISTS', tag .. 'w:' .. bucket, string.sub(run_id, 4)) == 1 then
-    where('far bucket', tag .. 'w:' .. bucket, 'from', tw_iso(bucket))
+  elseif tw_far(tag, bucket, string.sub(run_id, 4)) then
+    where('far bucket', tag .. 'w:' .. tw_far(tag, bucket, string.sub(run_id, 4)), 'from',
+      tw_iso(bucket))
   elseif r[R_SCHEDULE] and redis.call('HGET', tag .. 's:' .. r[R_SCHEDULE], 'held') == run_id then
     where('held by its schedule', tag .. 's:' .. r[R_SCHEDULE], '(overlap buffer_one)')
   else
