@@ -137,6 +137,7 @@ class Workload:
     tenants: list[str]
     now_ms: int
     near: bool
+    spread_ms: int = SPREAD_DAYS * DAY_MS
     seed: int = 1
     rng: random.Random = field(init=False)
     shard_of: dict[str, int] = field(init=False)
@@ -148,7 +149,7 @@ class Workload:
     def due_ms(self) -> int:
         if self.near:  # due within the horizon of a promote made at now_ms
             return self.now_ms + 1_000 + self.rng.randrange(NEAR_SPREAD_MS)
-        return self.now_ms + self.rng.randrange(SPREAD_DAYS * DAY_MS)
+        return self.now_ms + self.rng.randrange(self.spread_ms)
 
     def items(self) -> Iterator[tuple[int, str, int, str]]:
         """(i, tenant, due_ms, payload_json) for every task."""
@@ -389,7 +390,13 @@ async def measure(url: str, layout: Layout, args: argparse.Namespace) -> dict[st
         await client.hset("tw:layout", mapping={"shards": SHARDS, "bucket_ms": layout.bucket_ms})
         await client.config_resetstat()
         before = await memory_info(client)
-        work = Workload(args.tasks, tenant_names(TENANTS), int(time.time() * 1000), layout.near)
+        work = Workload(
+            args.tasks,
+            tenant_names(args.tenants),
+            int(time.time() * 1000),
+            layout.near,
+            spread_ms=int(args.spread_s * 1000),
+        )
         started = time.perf_counter()
         if layout.kind == "wheel":
             await load_wheel(url, layout, work, args)
@@ -546,6 +553,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="the raw loader's create calls carry a max_pending cap per tenant (never reached)",
     )
+    parser.add_argument(
+        "--tenants", type=int, default=TENANTS, help="tenants the tasks go round (one shard each)"
+    )
+    parser.add_argument(
+        "--spread-s",
+        type=float,
+        default=SPREAD_DAYS * DAY_MS / 1000,
+        help="far-level due times spread uniformly over this many seconds from now "
+        "(default 7 days; 600: one 10-minute bucket per shard)",
+    )
     parser.add_argument("--batch", type=int, default=2000, help="tasks per pipeline")
     parser.add_argument("--inflight", type=int, default=3, help="engine pipelines in flight")
     parser.add_argument("--sample", type=int, default=3000, help="keys sampled per key class")
@@ -565,7 +582,8 @@ def main(argv: list[str] | None = None) -> int:
     root = args.data_dir or Path(tempfile.mkdtemp(prefix="tw-bench-memory-"))
     print(
         f"memory bench: {args.tasks:,} tasks per layout, {PAYLOAD_BYTES} B JSON payload, "
-        f"{SHARDS} shards, {TENANTS} tenants; each layout on a fresh redis-server with AOF "
+        f"{SHARDS} shards, {args.tenants} tenants, due over {args.spread_s:,.0f} s; "
+        "each layout on a fresh redis-server with AOF "
         "appendfsync everysec (load speed only: memory does not depend on it) and "
         "auto-aof-rewrite off",
         flush=True,
@@ -595,8 +613,8 @@ def main(argv: list[str] | None = None) -> int:
             "tasks": args.tasks,
             "payload_bytes": PAYLOAD_BYTES,
             "shards": SHARDS,
-            "tenants": TENANTS,
-            "spread_days": SPREAD_DAYS,
+            "tenants": args.tenants,
+            "spread_days": round(args.spread_s / 86_400, 4),
             "horizon_ms": Settings().horizon_ms,
             "event_log_max": Settings().event_log_max,
             "redis_version": results[0]["redis_version"] if results else None,
