@@ -3,10 +3,12 @@
 A fresh redis-server (AOF appendfsync always), 64 shards, ONE tenant spread over 16
 shards, 100-byte payloads, as bench/worker.py. `runs` runs are created due now, dispatched
 by ticking every shard, read by XREADGROUP in a consumer group, then reported in batches
-of `batch` deliveries mixed over the tenant's 16 streams (as a worker's acks come back):
-first acked, then (a second set of runs) failed with retries left. Only those calls run
-while commandstats is sampled, so FCALL's microseconds per run are the call's, nested
-commands included; the nested commands are listed too.
+of `batch` deliveries mixed over the tenant's 16 streams (as a worker's acks come back;
+the default, 1,024, is a worker's full ack pipeline, ACK_BATCH: one call of 64 runs per
+shard, ACK_PER_CALL, the call a draining worker makes): first acked, then (a second set
+of runs) failed with retries left. Only those calls run while commandstats is sampled,
+so FCALL's microseconds per run are the call's, nested commands included; the nested
+commands are listed too.
 
 The batches go the way the code under PYTHONPATH sends them: `Outcomes.ack_many`, and
 `Outcomes.fail_many` where it exists, else one `Outcomes.fail` per run (all at once, one
@@ -18,7 +20,7 @@ batches go, and each part also reports the instructions per run that Redis execu
 FCALL (nested commands included) and in all: a count the host's load does not change, for
 A/B comparisons on a shared machine (slow: use a few thousand runs).
 
-Run:  .venv/bin/python bench/outcomes.py [--runs 20000] [--batch 64] [--out FILE]
+Run:  .venv/bin/python bench/outcomes.py [--runs 20000] [--batch 1024] [--out FILE]
           [--callgrind]
 """
 
@@ -48,6 +50,9 @@ from timewheel.tasks.model import NewTask
 
 RESULTS = Path(__file__).resolve().parent / "results" / "outcomes.json"
 SHARDS, SPREAD, TENANT, GROUP = 64, 16, "bench", "timewheel"
+DEFAULT_BATCH = 1024
+"""A worker's full ack pipeline (timewheel.runs.acks.ACK_BATCH, not imported so that an
+older checkout under PYTHONPATH can be measured too)."""
 
 
 async def command_usec(client: aioredis.Redis) -> dict[str, tuple[float, float]]:
@@ -225,7 +230,7 @@ async def report(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=20_000)
-    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--batch", type=int, default=DEFAULT_BATCH)
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--callgrind", action="store_true", help=__doc__.split("\n\n")[2])
     args = parser.parse_args()
