@@ -163,11 +163,12 @@ async def test_a_backlog_drains_in_bounded_pipelines_each_run_once(
             await asyncio.sleep(0.3)  # let any duplicate show itself
         counts = Counter(d.run_id for d in await all_deliveries(engine))
         assert set(counts) == {c.task_id for c in created} and max(counts.values()) == 1
-        # The first pass knows nothing of the backlog: one pipeline of 8 shards x 200.
-        # From then on each pipeline expects at most 400 runs: 2 shards that took 200.
-        assert pipelines[0] == 1600
+        # The first pass knows nothing of the backlog: it shares its 400 runs between the
+        # 8 shards it ticks (one pipeline of 8 x 50), as long as the passes after it.
+        # Then every shard is backlogged: full ticks, each pipeline 2 shards of 200.
+        assert limits[0] == 50 and pipelines[0] == 400
         assert max(pipelines[1:]) <= 400 and sum(pipelines) == 4800
-        assert limits[1] == 200  # every shard backlogged: full ticks
+        assert limits[1] == 200
     finally:
         await engine.close()
 
@@ -175,20 +176,24 @@ async def test_a_backlog_drains_in_bounded_pipelines_each_run_once(
 async def test_backlogged_shards_beside_quiet_ones_share_a_pass(
     redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A tenant spread over 4 of 8 shards with 2,400 runs due: after the first pass each
-    tick takes 100 runs (400 over 4 backlogged shards), so a pass stays about 400 runs
-    long and a quiet shard's runs wait at most that behind the herd."""
+    """A tenant spread over 4 of 8 shards with 2,400 runs due: the first pass shares its
+    400 runs between the 8 shards it ticks (nothing tells yet where the herd is), after it
+    each tick takes 100 runs (400 over the 4 backlogged shards), so every pass stays about
+    400 runs long and a quiet shard's runs wait at most that behind the herd."""
     engine = await Engine.connect(
         test_settings(redis_url, default_spread=4, tick_batch=200, tick_pipeline_runs=400)
     )
     limits: list[int | None] = []
+    pipelines: list[int] = []  # runs each pipeline of tick calls dispatched
     tick_many = Dispatch.tick_many
 
     async def counted(
         self: Dispatch, shards: Any, *, node: str = "", limit: int | None = None
     ) -> Any:
         limits.append(limit)
-        return await tick_many(self, shards, node=node, limit=limit)
+        out = await tick_many(self, shards, node=node, limit=limit)
+        pipelines.append(sum(r.dispatched for r in out if isinstance(r, TickResult)))
+        return out
 
     monkeypatch.setattr(Dispatch, "tick_many", counted)
     try:
@@ -203,6 +208,7 @@ async def test_backlogged_shards_beside_quiet_ones_share_a_pass(
             await asyncio.sleep(0.3)  # let any duplicate show itself
         counts = Counter(d.run_id for d in await all_deliveries(engine))
         assert set(counts) == {c.task_id for c in created} and max(counts.values()) == 1
-        assert limits[0] == 200 and limits[1] == 100
+        assert limits[0] == 50 and limits[1] == 100
+        assert max(pipelines) <= 400
     finally:
         await engine.close()

@@ -31,6 +31,8 @@ class ShardState:
     next_plan_ms: float = 0.0
     last_consumed: int = 0
     """Near entries the shard's last tick took: what its next tick is expected to take."""
+    backlog: bool = False
+    """Whether the shard's last tick took all it was allowed (more was due)."""
 
     def cap(self, now: float, settings: Settings, expire_every_ms: float) -> None:
         """No timer further out than its own interval: one set while the clock estimate

@@ -26,8 +26,7 @@ log = structlog.get_logger("timewheel.scheduler")
 
 CLOCK_JUMP_LOG_MS = 1_000
 MIN_TICK_RUNS = 100
-"""A shard whose last tick took this many runs has a backlog (pass_limit); no tick of a
-pass takes fewer (unless tick_batch is lower)."""
+"""No tick of a pass with a known backlog takes fewer (unless tick_batch is lower)."""
 
 Failed = Callable[[str, int, TimewheelError], None]
 """What the scheduler does with a failed call: (op, shard, error)."""
@@ -121,21 +120,26 @@ class Ticking:
         shards without one, so that a pass asks for about tick_pipeline_runs in all.
         Every shard is ticked once a pass, so the pass's length is how long a run of a
         shard without a backlog may wait behind the others; with every shard backlogged
-        no shard gains from short passes, and full ticks cost Redis less per run."""
+        no shard gains from short passes, and full ticks cost Redis less per run.
+        A shard has a backlog when its last tick took all it was allowed. While none has
+        (the first pass of a herd just due: nothing tells where it sits), the pass's
+        runs are shared between all the shards it ticks, so that first pass is no longer
+        than the ones after it; the ticks that come back full tell where the herd is."""
         s = self.settings
         backlogged = sum(
-            1
-            for shard in shards
-            if (st := self.state.get(shard)) is not None and st.last_consumed >= MIN_TICK_RUNS
+            1 for shard in shards if (st := self.state.get(shard)) is not None and st.backlog
         )
         if backlogged >= len(self.state):
             return s.tick_batch
-        share = s.tick_pipeline_runs // max(1, backlogged)
+        if backlogged == 0:
+            return max(1, min(s.tick_batch, s.tick_pipeline_runs // max(1, len(shards))))
+        share = s.tick_pipeline_runs // backlogged
         return max(min(MIN_TICK_RUNS, s.tick_batch), min(s.tick_batch, share))
 
     def tick_groups(self, shards: list[int]) -> list[list[int]]:
-        """Split shards into pipelines by the runs each is expected to dispatch (what its
-        last tick took): each pipeline expects at most tick_pipeline_runs, or holds one shard."""
+        """Split shards into pipelines by the runs each is expected to dispatch (the
+        pass's limit for a shard with a backlog, else what its last tick took): each
+        pipeline expects at most tick_pipeline_runs, or holds one shard."""
         budget = self.settings.tick_pipeline_runs
         groups: list[list[int]] = []
         expected = 0
@@ -143,11 +147,12 @@ class Ticking:
             st = self.state.get(shard)
             if st is None:
                 continue
-            if not groups or expected + st.last_consumed > budget:
+            runs = self.limit if st.backlog else min(st.last_consumed, self.limit)
+            if not groups or expected + runs > budget:
                 groups.append([])
                 expected = 0
             groups[-1].append(shard)
-            expected += st.last_consumed
+            expected += runs
         return groups
 
     async def _tick_pipeline(self, shards: list[int]) -> list[TickResult]:
@@ -186,7 +191,8 @@ class Ticking:
         if st is None:
             return
         st.last_consumed = res.consumed
-        if res.consumed >= self.limit:
+        st.backlog = res.consumed >= self.limit
+        if st.backlog:
             st.next_tick_ms = 0.0  # a backlog is due now: come straight back
         else:
             sweep = float(res.now_ms + self.settings.sweep_ms)
