@@ -38,7 +38,7 @@ class Settings:
     """How far ahead of the shard clock the promoter moves buckets into the near level."""
     tick_batch: int = 1000
     """Most runs one tick call dispatches (bounds how long one call blocks Redis)."""
-    tick_pipeline_runs: int = 3000
+    tick_pipeline_runs: int = 2000
     """Most runs a scheduler expects one pipeline of tick calls to dispatch, by what each
     shard's tick may take (the pass's limit for a shard whose last tick took all it was
     allowed, else what its last tick took); it is also what one pass of a herd shares
