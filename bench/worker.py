@@ -65,6 +65,8 @@ TENANT = "bench"
 CONCURRENCY = 50
 HERD_TARGET_MS = {1: 4_000, 2: 3_000}
 STEADY_P99_TARGET_MS = 50
+NOTE_BYTES = 24
+"""What bench/worker_app.py notes per run: three doubles."""
 LOAD_RATE_GUESS = 12_000
 """Creates/s assumed when picking T0 of the herd."""
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -139,16 +141,18 @@ class WorkerProcess:
         return total / CLK_TCK
 
     def noted(self) -> int:
-        return sum(p.stat().st_size // 16 for p in self.notes.parent.glob(self.notes.name + ".*"))
+        return sum(
+            p.stat().st_size // NOTE_BYTES for p in self.notes.parent.glob(self.notes.name + ".*")
+        )
 
-    def notes_read(self) -> list[tuple[float, float]]:
-        """(due ms, start ms) of every run the handler noted."""
-        out: list[tuple[float, float]] = []
+    def notes_read(self) -> list[tuple[float, float, float]]:
+        """(due ms, dispatched ms, start ms) of every run the handler noted."""
+        out: list[tuple[float, float, float]] = []
         for path in sorted(self.notes.parent.glob(self.notes.name + ".*")):
             values = array.array("d")
             raw = path.read_bytes()
-            values.frombytes(raw[: len(raw) - len(raw) % 16])
-            out.extend(zip(values[0::2], values[1::2], strict=True))
+            values.frombytes(raw[: len(raw) - len(raw) % NOTE_BYTES])
+            out.extend(zip(values[0::3], values[1::3], values[2::3], strict=True))
         return out
 
     def stop(self) -> None:
@@ -236,12 +240,22 @@ def per_run(before: dict[str, float], after: dict[str, float], runs: int) -> dic
     }
 
 
-def lag_figures(notes: list[tuple[float, float]]) -> dict[str, Any]:
-    lags = sorted(start - due for due, start in notes)
+def lag_figures(notes: list[tuple[float, float, float]]) -> dict[str, Any]:
+    """The start lag (start - due), and its two parts: the dispatch lag (the stream
+    entry's dispatched_ms - due: the scheduler's share) and the pickup lag (start -
+    dispatched_ms: the worker's share, reading included)."""
+    lags = sorted(start - due for due, _, start in notes)
+    dispatch = sorted(sent - due for due, sent, _ in notes)
+    pickup = sorted(start - sent for _, sent, start in notes)
     return {
         "lag_p50_ms": round(percentile(lags, 50), 1),
         "lag_p99_ms": round(percentile(lags, 99), 1),
         "lag_max_ms": round(lags[-1], 1) if lags else None,
+        "dispatch_lag_p50_ms": round(percentile(dispatch, 50), 1),
+        "dispatch_lag_p99_ms": round(percentile(dispatch, 99), 1),
+        "pickup_lag_p50_ms": round(percentile(pickup, 50), 1),
+        "pickup_lag_p99_ms": round(percentile(pickup, 99), 1),
+        "pickup_lag_max_ms": round(pickup[-1], 1) if pickup else None,
     }
 
 
@@ -280,7 +294,7 @@ async def herd(url: str, work: Path, runs: int, processes: int) -> dict[str, Any
         sched.wait(20)
         await engine.close()
     notes = worker.notes_read()
-    starts = sorted(start for _, start in notes)
+    starts = sorted(start for _, _, start in notes)
     target = HERD_TARGET_MS.get(processes)
     last = round(starts[-1] - t0) if starts else None
     return {
@@ -434,7 +448,7 @@ async def drain_backlog(url: str, work: Path, runs: int) -> dict[str, Any]:
         worker.stop()
         await engine.close()
     notes = worker.notes_read()
-    seconds = max(1e-3, (ended_ms - min(start for _, start in notes)) / 1000)
+    seconds = max(1e-3, (ended_ms - min(start for _, _, start in notes)) / 1000)
     return {
         "runs": runs,
         "concurrency": CONCURRENCY,

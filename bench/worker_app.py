@@ -1,8 +1,9 @@
 """The handler bench/worker.py runs: `timewheel worker --app worker_app:noop`, from bench/.
 
-A no-op async handler that notes each run's due time and its start (the node's wall
-clock, in ms: Redis runs on the same machine, so the clocks agree). The notes go to
-`$TW_BENCH_NOTES.<pid>` every 0.1 s and at exit, two doubles per run, so the bench can
+A no-op async handler that notes each run's due time, when the scheduler wrote it to
+the stream (the envelope's dispatched_ms) and its start (the node's wall clock, in ms:
+Redis runs on the same machine, so the clocks agree). The notes go to
+`$TW_BENCH_NOTES.<pid>` every 0.1 s and at exit, three doubles per run, so the bench can
 count the runs handled while the worker runs and read every start afterwards.
 """
 
@@ -23,6 +24,7 @@ _lock = threading.Lock()
 
 async def noop(delivery: Delivery) -> None:
     _notes.append(delivery.due_ms)
+    _notes.append(delivery.dispatched_ms)
     _notes.append(time.time() * 1000.0)
 
 
