@@ -31,7 +31,7 @@ from timewheel.runs.leases import LeaseKeeper
 from timewheel.runs.metrics import PairStats
 from timewheel.runs.outcomes import Outcomes
 from timewheel.runs.wire import Wire
-from timewheel.store.connection import UNREACHABLE, torn_connection
+from timewheel.store.connection import TORN, UNREACHABLE, torn_connection
 from timewheel.store.shard import Store
 
 if TYPE_CHECKING:
@@ -169,7 +169,7 @@ class Reader:
                 replies = await asyncio.gather(*(self._xreadgroup(c, s, None) for c, s in reads))
         except UNREACHABLE as exc:
             raise RedisUnavailable(f"read failed: {exc}") from exc
-        except (AttributeError, TypeError) as exc:
+        except TORN as exc:
             if not torn_connection(exc):
                 raise
             raise RedisUnavailable(f"read failed: connection lost ({exc})") from exc

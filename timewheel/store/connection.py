@@ -28,19 +28,34 @@ this tuple and tries again. A primary that Sentinel demoted answers writes READO
 SCHEMES = ("redis://", "rediss://", "unix://", "redis+sentinel://")
 
 
+TORN: tuple[type[Exception], ...] = (AttributeError, TypeError, RuntimeError)
+"""What redis-py lets out, besides UNREACHABLE, when a server closes a connection under it
+(torn_connection tells which of these it was)."""
+
+
 def torn_connection(exc: BaseException) -> bool:
-    """Whether an AttributeError or TypeError was raised inside redis-py's or asyncio's
-    connection code: a write on a connection the server closed while another task was
-    using or resetting it (a server killed or restarting) raises these in redis-py 8.1
-    instead of ConnectionError. Such an error means the server is unreachable, not a
-    fault of the caller; anything raised elsewhere is left alone."""
+    """Whether an error of TORN was raised inside redis-py's or asyncio's connection code.
+
+    A write on a connection the server closed while another task was using or resetting
+    it (a server killed or restarting) raises AttributeError or TypeError in redis-py 8.1
+    instead of ConnectionError; on uvloop a write to its closed transport raises
+    RuntimeError ("... the handler is closed") from uvloop's own code, under redis-py's.
+    `_Connection` maps the latter for the standalone pools; a Cluster's node connections
+    are redis-py's own class, so a reset of a Cluster node reaches the caller as it is.
+    Such an error means the server is unreachable, not a fault of the caller; anything
+    raised elsewhere is left alone."""
     tb = exc.__traceback__
     if tb is None:
         return False
-    while tb.tb_next is not None:
+    paths = []
+    while tb is not None:
+        paths.append(tb.tb_frame.f_code.co_filename.replace("\\", "/"))
         tb = tb.tb_next
-    path = tb.tb_frame.f_code.co_filename.replace("\\", "/")
-    return "/redis/" in path or "/asyncio/" in path
+    if isinstance(exc, RuntimeError):
+        return "handler is closed" in str(exc) and any(
+            "/redis/" in path or "/asyncio/" in path for path in paths
+        )
+    return "/redis/" in paths[-1] or "/asyncio/" in paths[-1]
 
 
 """A pass's pipeline can hold seconds of Lua work after downtime (and an fsync stall on

@@ -21,6 +21,7 @@ from redis.exceptions import ConnectionError, ResponseError
 from timewheel.errors import RedisUnavailable
 from timewheel.store.connection import (
     SOCKET_TIMEOUT_S,
+    TORN,
     UNREACHABLE,
     RedisClient,
     demoted,
@@ -160,7 +161,7 @@ async def run_pipeline(
             results, acks = await _send([calls[i] for i in todo], client, replicas, lane)
         except UNREACHABLE as exc:
             raise RedisUnavailable(f"pipeline failed: {exc}") from exc
-        except (AttributeError, TypeError) as exc:
+        except TORN as exc:
             if not torn_connection(exc):
                 raise
             raise RedisUnavailable(f"pipeline failed: connection lost ({exc})") from exc

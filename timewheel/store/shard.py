@@ -21,7 +21,7 @@ from timewheel.config import Settings
 from timewheel.errors import RedisUnavailable, TaskNotFound
 from timewheel.store import deployment
 from timewheel.store.clock import RedisClock
-from timewheel.store.connection import UNREACHABLE, RedisClient, connect, torn_connection
+from timewheel.store.connection import TORN, UNREACHABLE, RedisClient, connect, torn_connection
 from timewheel.store.guard import StorageGuard
 from timewheel.store.keys import Keys
 from timewheel.store.library import Script, ScriptArg, Scripts
@@ -144,7 +144,7 @@ class Store:
             if "timewheel:" in str(exc):
                 raise
             raise RedisUnavailable(f"{call.script.name} failed: {exc}") from exc
-        except (AttributeError, TypeError) as exc:
+        except TORN as exc:
             if not torn_connection(exc):
                 raise
             raise RedisUnavailable(f"{call.script.name} failed: connection lost ({exc})") from exc
