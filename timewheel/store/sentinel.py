@@ -187,7 +187,8 @@ def primary_client(
         sentinel_options["username"] = target.sentinel_username
     if target.sentinel_password:
         sentinel_options["password"] = target.sentinel_password
-    sentinel = Sentinel(  # type: ignore[no-untyped-call]
+    # Sentinel() is typed from redis-py 8.2 on: the ignore is for 8.1.
+    sentinel = Sentinel(  # type: ignore[no-untyped-call, unused-ignore]
         list(target.sentinels), sentinel_kwargs=sentinel_options
     )
     client = sentinel.master_for(
