@@ -28,6 +28,8 @@ this tuple and tries again. A primary that Sentinel demoted answers writes READO
 SCHEMES = ("redis://", "rediss://", "unix://", "redis+sentinel://")
 
 
+UVLOOP_CLOSED = "handler is closed"
+"""What uvloop's RuntimeError says of a write to a transport that a reset closed."""
 TORN: tuple[type[Exception], ...] = (AttributeError, TypeError, RuntimeError)
 """What redis-py lets out, besides UNREACHABLE, when a server closes a connection under it
 (torn_connection tells which of these it was)."""
@@ -52,7 +54,7 @@ def torn_connection(exc: BaseException) -> bool:
         paths.append(tb.tb_frame.f_code.co_filename.replace("\\", "/"))
         tb = tb.tb_next
     if isinstance(exc, RuntimeError):
-        return "handler is closed" in str(exc) and any(
+        return UVLOOP_CLOSED in str(exc) and any(
             "/redis/" in path or "/asyncio/" in path for path in paths
         )
     return "/redis/" in paths[-1] or "/asyncio/" in paths[-1]
@@ -78,7 +80,7 @@ class _Connection(aioredis.Connection):
         try:
             await super().send_packed_command(command, check_health)
         except RuntimeError as exc:  # super() has disconnected already
-            if "handler is closed" not in str(exc):
+            if UVLOOP_CLOSED not in str(exc):
                 raise
             where = f"{self.host}:{self.port}"
             raise ConnectionError(f"Error while writing to {where}: {exc}") from exc
