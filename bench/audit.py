@@ -77,6 +77,7 @@ from rawpipe import RawPipe, create_commands, resp
 from timewheel import ids
 from timewheel.config import Settings
 from timewheel.engine import Engine
+from timewheel.store.bodies import BodyLayout
 from timewheel.store.keys import Keys
 from timewheel.store.server import RedisServer
 from timewheel.tasks.model import NewTask
@@ -97,6 +98,9 @@ _PAD = "x" * (PAYLOAD_BYTES - len('"task-0000000000-"'))
 
 def payload_json(i: int) -> str:
     return f'"task-{i:010d}-{_PAD}"'
+
+
+LEGACY = BodyLayout()
 
 
 def record(due_ms: int, tenant: str, created_ms: int, payload: str) -> bytes:
@@ -123,8 +127,10 @@ def load_commands(
             shard = shard_of[tenant]
             task_id = ids.make_task_id(shard, ids.new_token())
             due = now_ms + 1 + rng.randrange(SPREAD_MS)
-            body = bodies.setdefault(keys.body(shard, task_id), [])
-            body += [keys.body_field(task_id), record(due, tenant, now_ms, payload_json(i))]
+            # Shards with no body_bits in their meta: the layout of 1,024 't:<xy>' hashes
+            # (store/bodies.py), which the first create keeps.
+            body = bodies.setdefault(keys.body(shard, task_id, LEGACY), [])
+            body += [keys.body_field(task_id, LEGACY), record(due, tenant, now_ms, payload_json(i))]
             held = usage.setdefault(keys.usage(shard, tenant), [0, 0])
             held[0] += 1
             held[1] += len(payload_json(i))

@@ -303,9 +303,11 @@ async def memory_info(client: aioredis.Redis) -> dict[str, int]:
 
 
 def key_class(key: str) -> str:
-    """'t', 'w', 'near', 'events', 'job', ... : the part after the hash tag, up to ':'."""
+    """'t', 'w', 'near', 'events', 'job', ... : the part after the hash tag, up to ':'
+    (a body hash of any level, 't:<xy>' or 't<level>:<chars>', is 't')."""
     rest = key.split("}:", 1)[1] if "}:" in key else key
-    return rest.split(":", 1)[0]
+    cls = rest.split(":", 1)[0]
+    return "t" if cls[:1] == "t" and cls[1:].isdigit() else cls
 
 
 async def scan_classes(client: aioredis.Redis) -> dict[str, list[str]]:
@@ -432,7 +434,8 @@ async def measure(url: str, layout: Layout, args: argparse.Namespace) -> dict[st
 
 async def _keys_of(client: aioredis.Redis, cls: str) -> list[str]:
     found = []
-    async for raw in client.scan_iter(match="{tw:*}:" + cls + ":*", count=10_000):
+    pattern = "{tw:*}:t[0-9:]*" if cls == "t" else "{tw:*}:" + cls + ":*"  # key_class
+    async for raw in client.scan_iter(match=pattern, count=10_000):
         found.append(raw.decode())
         if len(found) >= 10:
             break

@@ -74,7 +74,9 @@ async def measure(server: RedisServer, count: int, window_s: float, log: Path) -
     engine = await Engine.connect(settings)
     try:
         await engine.client.flushall()
-        await deployment.ensure_layout(engine.client, engine.settings)
+        await deployment.ensure_layout(
+            engine.client, engine.settings, engine.store.scripts.library.name
+        )
         # The scheduler runs first, as in a deployment: creates then place runs in the
         # near level it has promoted, and it dispatches while they are being made.
         proc = scheduler_process(settings, "bench", log)

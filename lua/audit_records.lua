@@ -1,22 +1,24 @@
 --[[ audit_records: check a shard's run records, one bounded step at a time, body hash by
-  body hash (t:<xy>, 1,024 per shard; docs/operations/auditing.md).
+  body hash in walk order (lib/bodies.lua body_at; docs/operations/auditing.md).
   KEYS[1] meta     HASH tag..'meta' (the tag is KEYS[1] minus 'meta')
   KEYS[2] scratch  HASH tag..'audit:'..pass, run id -> the attempt it is out with: every
                    run this call finds out (dispatched), for audit_stream to take off and
                    audit_confirm to judge; its TTL is set to ARGV[7]
-  ARGV[1] body hash to go on from (0 .. 1023)   ARGV[2] HSCAN cursor within it
+  ARGV[1] walk position of the body hash to go on from (0 .. 2^20 - 1; lib/bodies.lua: a
+          position stays good while hashes split)   ARGV[2] HSCAN cursor within it
   ARGV[3] limit: records examined per call (<= 500; a listpack-encoded hash answers whole,
           so a call reads at most one hash, up to 1,024 records, past it)
   ARGV[4] now_ms override ('' = TIME)   ARGV[5] overdue_ms: a run still in the wheel this
           long after its due time is overdue   ARGV[6] bucket_ms   ARGV[7] scratch TTL ms
   ARGV[8] backlog ('1': the shard has more due than a tick takes, audit_shard)
   ARGV[9] usage ('1': also count what the usage hashes count, and once every body hash is
-          read go on with the shard's schedules, SSCAN of tag..'schedules' from index 1024)
-  Derived keys (same tag): t:<xy>, near:<tenant>, w:<bucket>, s:<sid> and the records of
+          read go on with the shard's schedules, SSCAN of tag..'schedules' from position
+          2^20)
+  Derived keys (same tag): the body hashes (lib/bodies.lua), near:<tenant>, w:<bucket>, s:<sid> and the records of
   its runs, lease, due, rates, tokens, schedules.
-  Returns: {index, cursor, examined, {key, n, ...}, findings...}   the body hash and
-           HSCAN cursor to go on from (index 1024: every hash is read; with usage, index
-           1024 is the schedules' SSCAN and 1025 the end); per near level and far bucket,
+  Returns: {position, cursor, examined, {key, n, ...}, findings...}   the body hash's
+           walk position and HSCAN cursor to go on from (2^20: every hash is read; with
+           usage, 2^20 is the schedules' SSCAN and 2^20 + 1 the end); per near level and far bucket,
            the scheduled runs this call found in it (audit_near and audit_far read member
            by member only a key whose size these counts do not explain);
            findings 6 values each: kind, tenant, id, reason, detail, data
@@ -120,22 +122,22 @@ end
 
 local shard_chars = wheel_run_id(tag, '')
 local examined = 0
-while index < 1024 and examined < limit do
-  local bkey, xy = audit_body_key(tag, index)
+while index < BODY_WALK and examined < limit do
+  local bkey, dropped, after = body_at(tag, index)
   local next_cursor, flat = audit_scan(bkey, cursor, limit - examined)
   for i = 1, #flat, 2 do
-    check(audit_run_id(shard_chars, xy, flat[i]), flat[i + 1])
+    check(body_run_id(shard_chars, dropped, flat[i]), flat[i + 1])
   end
   examined = examined + #flat / 2
   if next_cursor == '0' then
-    index, cursor = index + 1, '0'
+    index, cursor = after, '0'
   else
     cursor = next_cursor
   end
 end
 -- The schedules, for the usage check: each counts in its queue, in schedules and its
 -- payload in bytes (lua/schedule_create.lua).
-if usage and index == 1024 and examined < limit then
+if usage and index == BODY_WALK and examined < limit then
   local reply = rcall('SSCAN', tag .. 'schedules', cursor, 'COUNT', limit - examined)
   for _, sid in ipairs(reply[2]) do
     local s = rcall('HMGET', schedule_key(tag, sid), 'tenant', 'queue', 'payload')
@@ -147,7 +149,7 @@ if usage and index == 1024 and examined < limit then
   end
   examined = examined + #reply[2]
   if reply[1] == '0' then
-    index, cursor = 1025, '0'
+    index, cursor = BODY_WALK + 1, '0'
   else
     cursor = reply[1]
   end

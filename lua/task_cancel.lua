@@ -1,15 +1,14 @@
 --[[ task_cancel: cancel a run that is still scheduled.
   KEYS[1] meta    HASH   tag..'meta' (the tag is KEYS[1] minus 'meta')
-  KEYS[2] body    HASH   tag..'t:'..xy, the body hash of ARGV[1]
-  KEYS[3] events  STREAM tag..'events'
+  KEYS[2] events  STREAM tag..'events'
   ARGV[1] run_id   ARGV[2] tenant   ARGV[3] bucket_ms   ARGV[4] now_ms override ('' = TIME)
   ARGV[5] event log cap
-  Derived keys (same tag): meta, near:<tenant>, w:<bucket>, wheel, x:<bucket>, expiry,
+  Derived keys (same tag): the run's body hash (lib/bodies.lua), meta, near:<tenant>, w:<bucket>, wheel, x:<bucket>, expiry,
   use:<tenant> (a counted run stops counting: q:<queue>, bytes; lib/usage.lua).
   Returns: {1, record}         cancelled; the record after the change
   Errors:  {-1} NOT_FOUND      no such run for this tenant (another tenant's id included)
            {-2, state}         INVALID_STATE: not scheduled any more ]]
-local meta_key, body_key_, events_key = KEYS[1], KEYS[2], KEYS[3]
+local meta_key, events_key = KEYS[1], KEYS[2]
 local run_id, tenant, bucket_ms, now_override = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local event_cap = ARGV[5]
 local tag = string.sub(meta_key, 1, -5)
@@ -20,6 +19,7 @@ local tag = string.sub(meta_key, 1, -5)
 --!include lib/usage.lua
 --!include lib/events.lua
 
+local body_key_ = body_key(tag, run_id)
 local r, refusal = record_scheduled(body_key_, run_id, tenant)
 if refusal then
   return refusal

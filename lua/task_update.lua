@@ -1,17 +1,16 @@
 --[[ task_update: reschedule a scheduled run and/or replace its payload.
   KEYS[1] meta    HASH   tag..'meta' (the tag is KEYS[1] minus 'meta')
-  KEYS[2] body    HASH   tag..'t:'..xy, the body hash of ARGV[1]
-  KEYS[3] events  STREAM tag..'events'
+  KEYS[2] events  STREAM tag..'events'
   ARGV[1] run_id   ARGV[2] tenant
   ARGV[3] run_at_ms ('' = keep)   ARGV[4] delay_ms ('' = keep; used when ARGV[3] is '')
   ARGV[5] payload JSON text ('' = keep)   ARGV[6] bucket_ms   ARGV[7] now_ms override
   ARGV[8] event log cap   ARGV[9] wake channel ('' = none)   ARGV[10] shard number
-  Derived keys (same tag): meta, near:<tenant>, due, w:<bucket>, wheel, use:<tenant> (a
+  Derived keys (same tag): the run's body hash (lib/bodies.lua), meta, near:<tenant>, due, w:<bucket>, wheel, use:<tenant> (a
   counted run's new payload replaces the old one in bytes; lib/usage.lua).
   Returns: {1, record, wake}   updated; wake = 1 if the shard's next action moved earlier
   Errors:  {-1} NOT_FOUND      no such run for this tenant
            {-2, state}         INVALID_STATE: not scheduled any more ]]
-local meta_key, body_key_, events_key = KEYS[1], KEYS[2], KEYS[3]
+local meta_key, events_key = KEYS[1], KEYS[2]
 local run_id, tenant, run_at, delay_ms = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local payload, bucket_ms, now_override = ARGV[5], tonumber(ARGV[6]), ARGV[7]
 local event_cap, wake_channel, shard = ARGV[8], ARGV[9], ARGV[10]
@@ -24,6 +23,7 @@ local tag = string.sub(meta_key, 1, -5)
 --!include lib/wake.lua
 --!include lib/events.lua
 
+local body_key_ = body_key(tag, run_id)
 local r, refusal = record_scheduled(body_key_, run_id, tenant)
 if refusal then
   return refusal

@@ -3,11 +3,7 @@
 -- Calls lib/record.lua, lib/wheel.lua, lib/schedule.lua and lib/rate.lua (before it in
 -- LIBS). r below is a record as record_read gives it.
 --
---   AUDIT_ALPHABET   the 32 characters of ids (timewheel/ids.py ALPHABET): a shard's body
---       hashes are t:<two of them>, 1,024 in all.
---   audit_body_key(tag, index) -> bkey, xy   the index-th body hash (0 .. 1023).
---   audit_run_id(shard, xy, field) -> run_id   a body field's run id (body_field undone;
---       shard: the id's 3 shard characters).
+--   (a shard's body hashes are walked with lib/bodies.lua body_at and body_run_id.)
 --   audit_scan(key, cursor, count) -> cursor, flat   one bounded HSCAN step.
 --   audit_sound(r, n) -> ok   whether n decoded values have a record's shape;
 --       audit_values(ok, ...), audit_head_values(ok, offset, ...) -> r | nil   pcall's
@@ -39,25 +35,6 @@
 --       appended to out (timewheel/audit/calls.py reads them in this order).
 --   audit_id_parts(id) -> ms, seq;  audit_id_after(a, b)   whether stream entry id a
 --       comes after id b.
-
-local AUDIT_ALPHABET = '0123456789abcdefghjkmnpqrstvwxyz'
-
-local function audit_body_key(tag, index)
-  local hi, lo = math.floor(index / 32) + 1, index % 32 + 1
-  local xy = string.sub(AUDIT_ALPHABET, hi, hi) .. string.sub(AUDIT_ALPHABET, lo, lo)
-  return tag .. 't:' .. xy, xy
-end
-
--- The inverse of run_place (lib/record.lua): the field holds the id less its 3 shard
--- characters (shard, as wheel_run_id(tag, '') gives them) and the 2 that chose the hash;
--- a schedule's run keeps its '@<fire>'.
-local function audit_run_id(shard, xy, field)
-  local at = string.find(field, '@', 1, true)
-  if at then
-    return shard .. string.sub(field, 1, at - 1) .. xy .. string.sub(field, at)
-  end
-  return shard .. field .. xy
-end
 
 local function audit_scan(key, cursor, count)
   local reply = redis.call('HSCAN', key, cursor, 'COUNT', count)

@@ -1,11 +1,12 @@
 -- Task records. A record is up to 12 msgpack values packed back to back (no array
 -- header, trailing nils left out), stored as one field of a per-shard body hash. Python
 -- reads it in timewheel/store/record.py; the field order below is the contract between the two.
--- Calls lib/wheel.lua. r below is a record unpacked into a table, indexed by R_*.
+-- Calls lib/wheel.lua and lib/bodies.lua. r below is a record unpacked into a table, indexed by R_*.
 --
 --   R_STATE ... R_DEAD, ST_SCHEDULED ... ST_SKIPPED   field positions and states.
---   run_place(tag, run_id) -> task_id, bkey, field   where a run's record lives;
---       body_key(tag, run_id) -> bkey and body_field(run_id) -> field give one part.
+--   run_place(tag, run_id) -> task_id, bkey, field   where a run's record lives
+--       (lib/bodies.lua body_locate); body_key(tag, run_id) -> bkey and body_field(run_id)
+--       -> field give one part.
 --   record_read(bkey, run_id) -> r, raw   the record as stored (nil if none).
 --   record_load(bkey, run_id, promoted_until) -> r, raw   the record as it is: a sent
 --       run says dispatched (promoted_until optional, as for record_sent).
@@ -18,7 +19,8 @@
 --   record_owned(bkey, run_id, tenant) -> r   record_load, nil if another tenant's.
 --   record_scheduled(bkey, run_id, tenant) -> r | nil, refusal   a tenant's run that is
 --       still scheduled, or the NOT_FOUND / INVALID_STATE reply.
---   record_pack(r) -> raw;  record_create(bkey, run_id, raw) -> 1 | 0 (HSETNX);
+--   record_pack(r) -> raw;  record_create(bkey, run_id, raw) -> 1 | 0 (HSETNX; a new
+--       record counts in the shard's body layout, lib/bodies.lua);
 --   record_put(bkey, run_id, raw);  record_save(bkey, run_id, r, field) -> raw (field:
 --       the run's field in bkey when the caller has it, else worked out);
 --   record_delete(bkey, run_id).
@@ -40,31 +42,14 @@ local ST_SCHEDULED, ST_DISPATCHED, ST_SUCCEEDED, ST_CANCELLED, ST_DEAD = 0, 1, 2
 local ST_SKIPPED = 5
 
 -- Where a run lives, in one pass over its id: its task id (the run id before any '@'),
--- its body hash and its field there.
--- The body hash is 't:' plus the last two characters of the task id, so a run is found
--- from its id alone and a shard's bodies spread over 32*32 listpack-sized hashes.
--- The field is the run id without the 3 shard characters and the 2 that chose the hash
--- (the key implies all five): 5 bytes of every record.
--- '03f1gy61ezezgb00' -> '1gy61ezezgb',
--- '03f1gy61ezezgb00@1795979241606' -> '1gy61ezezgb@1795979241606'
-local function run_place(tag, run_id)
-  local at = string.find(run_id, '@', 1, true)
-  if at then
-    local task_id = string.sub(run_id, 1, at - 1)
-    return task_id, tag .. 't:' .. string.sub(task_id, -2),
-      string.sub(run_id, 4, at - 3) .. string.sub(run_id, at)
-  end
-  return run_id, tag .. 't:' .. string.sub(run_id, -2), string.sub(run_id, 4, -3)
-end
+-- its body hash and its field there (lib/bodies.lua: the shard's hashes split as it grows).
+-- '03f1gy61ezezgb00' in a shard at level 10 -> 't:00', '1gy61ezezgb';
+-- '03f1gy61ezezgb00@1795979241606' at level 3 -> 't3:0', '1gy61ezezgb00@1795979241606'
+local run_place = body_locate
 
 local function body_key(tag, run_id)
-  local _, key = run_place(tag, run_id)
+  local _, key = body_locate(tag, run_id)
   return key
-end
-
-local function body_field(run_id)
-  local _, _, field = run_place('', run_id)
-  return field
 end
 
 -- A record as stored. The wheel's own moves (tick, promote) read this way: the runs
@@ -118,7 +103,7 @@ end
 local function record_load(bkey, run_id, promoted_until)
   local r, raw = record_read(bkey, run_id)
   if r and r[R_STATE] == ST_SCHEDULED and
-      record_sent(string.sub(bkey, 1, -5), run_id, r, promoted_until) then
+      record_sent(body_tag(), run_id, r, promoted_until) then
     r[R_STATE], r[R_ATTEMPT], r.sent = ST_DISPATCHED, r[R_ATTEMPT] + 1, true
   end
   return r, raw
@@ -154,8 +139,19 @@ local function record_scheduled(bkey, run_id, tenant)
 end
 
 -- Write a packed record only if the run has none: 1 if written, 0 if one was there.
+-- A new record counts in the shard's body layout, which may split a hash (lib/bodies.lua);
+-- a shard's first record settles its layout, and bkey is then worked out again.
 local function record_create(bkey, run_id, raw)
-  return redis.call('HSETNX', bkey, body_field(run_id), raw)
+  local tag = body_tag()
+  if not BODY.settled then
+    body_settle(tag)
+    bkey = body_key(tag, run_id)
+  end
+  if redis.call('HSETNX', bkey, body_field(run_id), raw) == 0 then
+    return 0
+  end
+  body_added(tag, bkey, run_id)
+  return 1
 end
 
 -- Write a packed record as is (the tick patches state and attempt in place).
@@ -164,7 +160,9 @@ local function record_put(bkey, run_id, raw)
 end
 
 local function record_delete(bkey, run_id)
-  redis.call('HDEL', bkey, body_field(run_id))
+  if redis.call('HDEL', bkey, body_field(run_id)) == 1 then
+    body_removed(body_tag())
+  end
 end
 
 local function record_pack(r)

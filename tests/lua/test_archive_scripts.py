@@ -61,7 +61,7 @@ async def test_archive_records_returns_each_record_as_stored(standalone_engine: 
     shard = engine.store.locate(run_id)
     gone = ids.make_task_id(shard, ids.new_token())
     script, meta = engine.store.scripts.archive_records, [engine.keys.meta(shard)]
-    raw = await engine.client.hget(engine.keys.body(shard, run_id), engine.keys.body_field(run_id))
+    raw = await engine.client.hget(*(await engine.store.record_key(run_id)))
     assert isinstance(raw, bytes)
     assert await script(engine.client, meta, [gone, run_id, gone]) == [None, raw, None]
     assert record.decode_fields(raw)[6] == '{"p":1}'

@@ -73,7 +73,7 @@ async def test_a_dropped_run_is_a_count_mismatch(engine: Engine, postgres_dsn: s
     lost = ids["scheduled"]
     k, c = engine.keys, engine.client
     shard = engine.store.locate(lost)
-    assert await c.hdel(k.body(shard, lost), k.body_field(lost)) == 1
+    assert await c.hdel(*(await engine.store.record_key(lost))) == 1
     await c.hincrby(k.usage(shard, "acme"), "q:default", -1)
     report = await AuditPass(
         engine.store,
@@ -130,7 +130,7 @@ async def test_a_pass_in_small_steps_finds_the_count_mismatch_one_check_finds(
     lost = ids["scheduled"]
     k, c = engine.keys, engine.client
     shard = engine.store.locate(lost)
-    assert await c.hdel(k.body(shard, lost), k.body_field(lost)) == 1
+    assert await c.hdel(*(await engine.store.record_key(lost))) == 1
     await c.hincrby(k.usage(shard, "acme"), "q:default", -1)
     # as the continuous auditor runs it: no window counts, a few things per step
     check = CountCheck(engine.store, postgres_dsn, window_ms=None)

@@ -59,14 +59,13 @@ async def test_a_lost_record_and_a_state_its_event_does_not_give_are_found(
     engine: Engine,
 ) -> None:
     ids = await _history(engine)
-    k, c = engine.keys, engine.client
+    c = engine.client
     lost = ids["scheduled"]
-    shard = engine.store.locate(lost)
-    raw: Any = await c.hget(k.body(shard, lost), k.body_field(lost))
-    assert await c.hdel(k.body(shard, lost), k.body_field(lost)) == 1
+    raw: Any = await c.hget(*(await engine.store.record_key(lost)))
+    assert await c.hdel(*(await engine.store.record_key(lost))) == 1
     # the cancelled run's record replaced by the lost one's, which says scheduled
     cancelled = ids["cancelled"]
-    await c.hset(k.body(shard, cancelled), k.body_field(cancelled), raw)
+    await c.hset(*(await engine.store.record_key(cancelled)), raw)
     without = await audit(engine, NOW + 700)
     report = await audit(engine, NOW + 700, events=True)
     added = found(report) - found(without)
@@ -85,10 +84,10 @@ async def test_an_open_run_of_the_archive_without_its_record_is_found(
     check = ArchiveCheck(engine.store, postgres_dsn)
     assert await check.check() == []
     assert check.checked >= 2  # the scheduled and the dispatched runs are open
-    k, c = engine.keys, engine.client
+    c = engine.client
     lost = ids["scheduled"]
     shard = engine.store.locate(lost)
-    assert await c.hdel(k.body(shard, lost), k.body_field(lost)) == 1
+    assert await c.hdel(*(await engine.store.record_key(lost))) == 1
     report = await AuditPass(
         engine.store,
         AuditOptions(now_ms=NOW + 700),
@@ -127,7 +126,7 @@ async def test_a_log_trimmed_past_the_window_during_a_pass_is_not_judged(
     made = await engine.tasks.create(NewTask("acme", run_at_ms=NOW + 60_000))
     shard, keys = shard_of(made.task_id), engine.keys
     assert shard is not None
-    await engine.client.hdel(keys.body(shard, made.task_id), keys.body_field(made.task_id))
+    await engine.client.hdel(*(await engine.store.record_key(made.task_id)))
 
     async def run(trim: bool) -> list[Kind]:
         check = EventCheck(engine.store, shard, batch=100)

@@ -10,6 +10,7 @@ from timewheel.errors import InvalidState, PayloadTooLarge, TaskNotFound, Valida
 from timewheel.ids import shard_of
 from timewheel.models import LAG_BUCKETS_MS
 from timewheel.runs.worker import Worker
+from timewheel.store.bodies import BodyLayout
 from timewheel.store.keys import Keys
 from timewheel.tasks.listing import list_tasks
 from timewheel.tasks.model import NewTask
@@ -347,10 +348,9 @@ async def test_a_sent_run_is_dispatched_though_its_record_is_not_rewritten(engin
     ).task_id
     shard = shard_of(ok)
     assert shard is not None
-    k = engine.keys
-    stored = await engine.client.hget(k.body(shard, ok), k.body_field(ok))
+    stored = await engine.client.hget(*(await engine.store.record_key(ok)))
     assert await tick_all(engine, NOW) == 2
-    assert await engine.client.hget(k.body(shard, ok), k.body_field(ok)) == stored
+    assert await engine.client.hget(*(await engine.store.record_key(ok))) == stored
     for run in (ok, bad):
         task = await engine.tasks.get("acme", run)
         assert (task.state, task.attempt) == ("dispatched", 1)
@@ -381,14 +381,16 @@ async def test_a_sent_run_is_dispatched_though_its_record_is_not_rewritten(engin
 
 async def test_a_record_is_stored_under_its_id_less_what_the_key_implies(engine: Engine) -> None:
     res = await engine.tasks.create(NewTask(tenant="acme", delay_ms=60_000), now_ms=NOW)
-    k, shard = engine.keys, shard_of(res.task_id)
+    shard = shard_of(res.task_id)
     assert shard is not None
-    body = k.body(shard, res.task_id)
-    field = k.body_field(res.task_id)
-    assert len(field) == len(res.task_id) - 5
+    layout = await engine.store.body_layout(shard)
+    assert layout == BodyLayout(0, 0)  # a new shard's first record: one hash, 't0:'
+    body, field = await engine.store.record_key(res.task_id)
+    assert body == engine.keys.tag(shard) + "t0:"
+    assert field == res.task_id[3:]
     assert await engine.client.hexists(body, field)
-    assert not await engine.client.hexists(body, res.task_id)
-    assert k.run_id_in_body(shard, body, field) == res.task_id
+    hashed = next(layout.walk(engine.keys.tag(shard)))
+    assert hashed.key == body and hashed.run_id(shard, field) == res.task_id
     run_id = f"{res.task_id}@1795979241606"
-    assert k.body_field(run_id) == field + "@1795979241606"
-    assert k.run_id_in_body(shard, body, k.body_field(run_id)) == run_id
+    assert layout.place("", run_id)[1] == field + "@1795979241606"
+    assert hashed.run_id(shard, field + "@1795979241606") == run_id

@@ -235,9 +235,7 @@ REPACK = "return cmsgpack.pack(cmsgpack.unpack(ARGV[1]))"
 
 
 async def stored(engine: Engine, shard: int, run_id: str) -> bytes:
-    raw: Any = await engine.client.hget(
-        engine.keys.body(shard, run_id), engine.keys.body_field(run_id)
-    )
+    raw: Any = await engine.client.hget(*(await engine.store.record_key(run_id)))
     return bytes(raw)
 
 
@@ -279,7 +277,7 @@ async def test_an_ack_writes_the_record_a_full_rewrite_would(engine: Engine) -> 
     assert await engine.outcomes.ack_many(batch, GROUP, now_ms=NOW + 1200) == [True] * len(batch)
     for d in batch:
         raw = await stored(engine, shard, d.run_id)
-        key = engine.keys.body(shard, d.run_id)
+        key, _ = await engine.store.record_key(d.run_id)
         repacked: Any = await engine.client.eval(REPACK, 1, key, raw)
         assert raw == bytes(repacked), d.run_id
         values = record.decode_fields(raw)
@@ -317,8 +315,7 @@ async def test_finished_runs_expire_in_bounded_calls_from_lists_and_older_hash_b
     # back went out again meanwhile (a replay would): its record is not finished.
     raw = await stored(engine, shard, back.run_id)
     await client.hset(
-        engine.keys.body(shard, back.run_id),
-        engine.keys.body_field(back.run_id),
+        *(await engine.store.record_key(back.run_id)),
         bytes([1]) + raw[1:],
     )
     after = NOW + engine.settings.retention_ms + 3 * bucket_ms
@@ -369,7 +366,7 @@ async def test_a_retry_writes_the_record_a_full_rewrite_would(engine: Engine) ->
     # One record carries a dead letter id after nils for opts, updated, error, schedule,
     # as a record packed with its nils would: the retry keeps what follows the error.
     tailed = next(d for d in mine if d.visibility_timeout_ms is None)
-    key, field = engine.keys.body(shard, tailed.run_id), engine.keys.body_field(tailed.run_id)
+    key, field = await engine.store.record_key(tailed.run_id)
     raw = await stored(engine, shard, tailed.run_id)
     await engine.client.hset(key, field, raw + b"\xc0\xc0\xc0\xc0\xa31-1")
 
@@ -384,7 +381,7 @@ async def test_a_retry_writes_the_record_a_full_rewrite_would(engine: Engine) ->
         assert [r.outcome for r in results] == ["retry"] * len(batch)
         for d in batch:
             raw = await stored(engine, shard, d.run_id)
-            key = engine.keys.body(shard, d.run_id)
+            key, _ = await engine.store.record_key(d.run_id)
             repacked: Any = await engine.client.eval(REPACK, 1, key, raw)
             assert raw == bytes(repacked), d.run_id
             expected = list(before[d.run_id])

@@ -140,9 +140,7 @@ async def test_injected_faults_show_within_an_interval_and_tenants_see_their_own
             bucket = far - far % settings.bucket_ms
             assert await engine.client.hdel(k.bucket(1, bucket), k.bucket_member(a.task_id)) == 1
             # a record gone: its wheel member points at nothing
-            shard_b = engine.store.locate(b.task_id)
-            body = k.body(shard_b, b.task_id)
-            assert await engine.client.hdel(body, k.body_field(b.task_id)) == 1
+            assert await engine.client.hdel(*(await engine.store.record_key(b.task_id))) == 1
             injected = time.monotonic()
 
             async def both_found() -> dict[str, Any] | None:
@@ -470,9 +468,7 @@ async def test_a_stopped_archiver_shows_as_lag_an_old_commit_and_archiver_behind
         assert m['timewheel_audit_findings{kind="archive_run_lost"}'] == 0
         # a run the archive holds as scheduled loses its record in Redis
         lost = first[0].task_id
-        shard = engine.store.locate(lost)
-        k = engine.keys
-        assert await engine.client.hdel(k.body(shard, lost), k.body_field(lost)) == 1
+        assert await engine.client.hdel(*(await engine.store.record_key(lost))) == 1
 
         async def lost_found() -> bool:
             got = scrape(port)
@@ -570,7 +566,7 @@ async def test_a_run_lost_with_its_count_is_a_count_mismatch_of_the_continuous_a
             k, c = engine.keys, engine.client
             tenant = "count-0"
             bucket = far - far % settings.bucket_ms
-            assert await c.hdel(k.body(shard, lost.task_id), k.body_field(lost.task_id)) == 1
+            assert await c.hdel(*(await engine.store.record_key(lost.task_id))) == 1
             assert await c.hdel(k.bucket(shard, bucket), k.bucket_member(lost.task_id)) == 1
             await c.hincrby(k.usage(shard, tenant), "q:default", -1)
 

@@ -57,8 +57,7 @@ async def test_writes_wait_for_a_replica_and_answer_503_without_one(
         assert made.created
         # The write is on the replica once the create answered.
         raw = sync_client(replica).hget(
-            engine.keys.body(int(made.task_id[:3], 16), made.task_id),
-            engine.keys.body_field(made.task_id),
+            *(await engine.store.record_key(made.task_id)),
         )
         assert raw is not None
 

@@ -171,7 +171,7 @@ async def restore(
                             "writes into an empty Redis only (pass --force to add the snapshot's "
                             "runs to it, leaving runs already there untouched)"
                         )
-                    await deployment.ensure_layout(client, settings)
+                    await deployment.ensure_layout(client, settings, store.scripts.library.name)
                     await tenancy.write_back(client, store.keys, archived)
                     await open_tenant_log(store, conn)
                     steps.step("tenants", tenants=len(archived.tenants), keys=len(archived.keys))

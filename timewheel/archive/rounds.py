@@ -15,10 +15,7 @@ from timewheel.archive import tenancy
 from timewheel.archive.events import EVENT_COLUMNS, StreamId, TaskChange
 from timewheel.errors import RedisUnavailable
 from timewheel.store import record
-from timewheel.store.shard import Call, Store
-
-RECORDS_PER_CALL = 1000
-"""Run ids per lua/archive_records.lua call (its header's limit)."""
+from timewheel.store.shard import Store
 
 _COPY_EVENTS = f"COPY run_events ({', '.join(EVENT_COLUMNS)}) FROM STDIN"
 SCHEDULE_EVENTS = frozenset(
@@ -83,11 +80,6 @@ ON CONFLICT (shard) DO UPDATE SET last_ms = EXCLUDED.last_ms, last_seq = EXCLUDE
 """
 
 
-def _records(reply: list[Any]) -> list[Any]:
-    """archive_records.lua's reply: a record (bytes) or None per run."""
-    return reply
-
-
 def _columns(rows: list[tuple[Any, ...]]) -> list[list[Any]]:
     """Rows as one list per column (the arrays an unnest() statement takes)."""
     return [list(column) for column in zip(*rows, strict=True)]
@@ -112,30 +104,17 @@ async def _store_rows(
 
 async def fill_payloads(store: Store, rows: list[list[Any]]) -> None:
     """Read payload and opts of created/updated runs from their records: one
-    lua/archive_records.lua call per shard (RECORDS_PER_CALL runs), all in one
+    lua/archive_records.lua call per shard and 1,000 runs (Store.records), all in one
     round trip."""
-    by_shard: dict[int, list[list[Any]]] = {}
-    for row in rows:
-        if row[4] in ("created", "updated"):
-            by_shard.setdefault(row[0], []).append(row)
-    if not by_shard:
+    wanted = [row for row in rows if row[4] in ("created", "updated")]
+    if not wanted:
         return
-    meta, script = store.keys.meta, store.scripts.archive_records
-    chunks = [
-        (shard, wanted[i : i + RECORDS_PER_CALL])
-        for shard, wanted in by_shard.items()
-        for i in range(0, len(wanted), RECORDS_PER_CALL)
-    ]
-    calls = [
-        Call(script, [meta(shard)], [row[3] for row in chunk], _records) for shard, chunk in chunks
-    ]
-    replies = await store.run_many(calls)
-    for (_, chunk), raws in zip(chunks, replies, strict=True):
-        for row, raw in zip(chunk, raws, strict=True):
-            if isinstance(raw, bytes):
-                values = record.decode_fields(raw)
-                row[7] = values[4]  # queue
-                row[14], row[15] = values[6], values[7]  # payload, opts
+    raws = await store.records([(row[0], row[3]) for row in wanted])
+    for row, raw in zip(wanted, raws, strict=True):
+        if raw is not None:
+            values = record.decode_fields(raw)
+            row[7] = values[4]  # queue
+            row[14], row[15] = values[6], values[7]  # payload, opts
 
 
 async def schedule_changes(

@@ -2,8 +2,10 @@
 every schedule, and every tenant and API key hash into PostgreSQL, read in small steps.
 
 Per shard the snapshot first reads the event log's newest entry id (the shard's position),
-then copies the run records with HSCAN of each body hash: a listpack-sized hash answers in
-one short call, so Redis is never blocked for more than about a millisecond at a time.
+then copies the run records with HSCAN of each body hash, walked by position so a hash
+that splits meanwhile is neither missed nor read twice (timewheel/store/bodies.py): a
+listpack-sized hash answers in one short call, so Redis is never blocked for more than
+about a millisecond at a time.
 The copy is not a point-in-time image of the shard, and need not be: every change made
 after the position is in the event log after it, which the archiver stores in
 run_events. Restore replays those events, in order, on top of the copied records, and
@@ -27,22 +29,21 @@ import psycopg
 import structlog
 from redis.exceptions import RedisError
 
-from timewheel import ids
 from timewheel.archive import tenancy
 from timewheel.errors import PostgresUnavailable, RedisUnavailable
-from timewheel.store import record
+from timewheel.store import bodies, record
+from timewheel.store.bodies import BodyHash, BodyLayout
 from timewheel.store.shard import Call, Store
 from timewheel.types import TaskState
 
 log = structlog.get_logger("timewheel.snapshot")
 
-BODY_SUFFIXES = [a + b for a in ids.ALPHABET for b in ids.ALPHABET]
-"""Every body hash of a shard is t:<xy>, xy = the last two characters of a task id."""
 HSCAN_COUNT = 1000
 """Fields per HSCAN step of a hashtable-encoded body (a listpack one answers whole)."""
 KEYS_PER_ROUND_TRIP = 512
-"""Body hashes asked for in one pipeline: bounds the memory of a step (about 15,000
-records at 1,000,000 tasks on 64 shards), not Redis time: each HSCAN is its own command."""
+"""Body hashes asked for in one pipeline (store/bodies.py: about 64 records each in a
+shard that has grown): bounds the memory of a step, not Redis time: each HSCAN is its
+own command."""
 SENT_PER_CALL = 500
 """Run ids per lua/snapshot_sent.lua call (its header's limit)."""
 KEEP_SNAPSHOTS = 3
@@ -136,32 +137,47 @@ async def _position(store: Store, shard: int) -> tuple[int, int]:
     return int(ms), int(seq)
 
 
-async def _scan_bodies(store: Store, shard: int, keys: Sequence[str]) -> list[tuple[str, bytes]]:
+async def _scan_bodies(
+    store: Store, shard: int, hashes: Sequence[BodyHash]
+) -> list[tuple[str, bytes]]:
     """Every (run id, record) of the given body hashes, one HSCAN step per key per round."""
     out: list[tuple[str, bytes]] = []
-    cursors = {key: 0 for key in keys}
-    prefix = f"{shard:03x}"
+    cursors = {h: 0 for h in hashes}
     while cursors:
         pipe = store.client.pipeline(transaction=False)
-        for key, cursor in cursors.items():
-            pipe.hscan(key, cursor, count=HSCAN_COUNT)
+        for h, cursor in cursors.items():
+            pipe.hscan(h.key, cursor, count=HSCAN_COUNT)
         try:
             replies: list[Any] = await pipe.execute()
         except (RedisError, OSError) as exc:
             raise RedisUnavailable(f"cannot scan the records of shard {shard}: {exc}") from exc
-        following: dict[str, int] = {}
-        for key, (cursor, fields) in zip(cursors, replies, strict=True):
-            xy = key[-2:]
-            for f, raw in fields.items():
-                name = f.decode()
-                if "@" in name:  # a schedule's run: Keys.run_id_in_body
-                    out.append((store.keys.run_id_in_body(shard, key, name), raw))
-                else:
-                    out.append((prefix + name + xy, raw))
+        following: dict[BodyHash, int] = {}
+        for h, (cursor, fields) in zip(cursors, replies, strict=True):
+            out.extend((h.run_id(shard, f.decode()), raw) for f, raw in fields.items())
             if int(cursor):
-                following[key] = int(cursor)
+                following[h] = int(cursor)
         cursors = following
     return out
+
+
+async def _scan_round(
+    store: Store, shard: int, layout: BodyLayout, position: int
+) -> tuple[BodyLayout, int, list[tuple[str, bytes]]]:
+    """The records of the next KEYS_PER_ROUND_TRIP body hashes from `position`, the
+    layout they were read by and the position after them. A hash that split while they
+    were read (the layout after them is another) has the round read again by the new
+    layout (store/bodies.py)."""
+    while True:
+        hashes: list[BodyHash] = []
+        for h in layout.walk(store.keys.tag(shard), position):
+            hashes.append(h)
+            if len(hashes) == KEYS_PER_ROUND_TRIP:
+                break
+        found = await _scan_bodies(store, shard, hashes)
+        current = await store.body_layout(shard)
+        if current == layout:
+            return layout, hashes[-1].next_position, found
+        layout = current
 
 
 async def _sent(store: Store, shard: int, waiting: list[str]) -> set[str]:
@@ -267,16 +283,13 @@ async def _copy_tasks(
     store: Store, cur: psycopg.AsyncCursor[tuple[object, ...]], snapshot_id: int, shard: int
 ) -> int:
     count = 0
-    tag = store.keys.tag(shard)
     copied = {int(state) for state in SNAPSHOT_STATES}
     scheduled = int(TaskState.SCHEDULED)
     async with cur.copy(f"COPY snapshot_tasks ({', '.join(TASK_COLUMNS)}) FROM STDIN") as copy:
-        for i in range(0, len(BODY_SUFFIXES), KEYS_PER_ROUND_TRIP):
-            keys = [f"{tag}t:{xy}" for xy in BODY_SUFFIXES[i : i + KEYS_PER_ROUND_TRIP]]
-            found = [
-                (rid, record.decode_fields(raw))
-                for rid, raw in await _scan_bodies(store, shard, keys)
-            ]
+        layout, position = await store.body_layout(shard), 0
+        while position < bodies.WALK_END:
+            layout, position, raws = await _scan_round(store, shard, layout, position)
+            found = [(rid, record.decode_fields(raw)) for rid, raw in raws]
             sent = await _sent(store, shard, [r for r, v in found if v[0] == scheduled])
             for run_id, v in found:
                 if v[0] not in copied:

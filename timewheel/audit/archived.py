@@ -208,14 +208,9 @@ class ArchiveCheck:
     async def _missing(self, rows: list[tuple[Any, ...]]) -> list[Finding]:
         if not rows:
             return []
-        keys = self.store.keys
-        pipe = self.store.client.pipeline(transaction=False)
-        for run_id, shard, _, _ in rows:
-            pipe.hexists(keys.body(int(shard), str(run_id)), keys.body_field(str(run_id)))
-        try:
-            present: list[Any] = await pipe.execute()
-        except (RedisError, OSError) as exc:
-            raise RedisUnavailable(f"reading records for the archive check: {exc}") from exc
+        present = await self.store.records(
+            [(int(shard), str(run_id)) for run_id, shard, _, _ in rows]
+        )
         return [
             Finding(
                 Kind.ARCHIVE_RUN_LOST,

@@ -15,12 +15,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from timewheel.audit.findings import Finding, Kind
+from timewheel.store.bodies import WALK_END
 from timewheel.store.shard import Call, Store, clock_arg
 from timewheel.types import text
 
-BODY_HASHES = 1024
-"""Body hashes per shard (t:<xy>, two id characters): audit_records is done at this index,
-or, counting usage, goes on there with the shard's schedules."""
+BODY_HASHES = WALK_END
+"""The end of a walk of a shard's body hashes (store/bodies.py): audit_records is done at
+this position, or, counting usage, goes on there with the shard's schedules."""
 RECORDS_DONE_USAGE = BODY_HASHES + 1
 """audit_records counting usage is done at this index (the schedules read too)."""
 MAX_BATCH = 500

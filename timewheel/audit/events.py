@@ -132,13 +132,9 @@ class EventCheck:
 
     async def _records(self) -> int:
         chunk, self.pending = self.pending[: self.batch], self.pending[self.batch :]
-        keys = self.store.keys
-        pipe = self.store.client.pipeline(transaction=False)
-        for run_id in chunk:
-            pipe.hget(keys.body(self.shard, run_id), keys.body_field(run_id))
-        raws: list[Any] = await pipe.execute() if chunk else []
+        raws = await self.store.records([(self.shard, run_id) for run_id in chunk])
         for run_id, raw in zip(chunk, raws, strict=True):
-            self.records[run_id] = raw if isinstance(raw, bytes) else None
+            self.records[run_id] = raw
         if not self.pending:
             self.phase = "after"
             self.cursor = "(" + self.upto

@@ -20,15 +20,25 @@ def _primaries(client: RedisClient) -> list[Any]:
     return client.get_primaries() if isinstance(client, RedisCluster) else [None]
 
 
-async def ensure_layout(client: RedisClient, settings: Settings) -> None:
-    """Record shards and bucket_ms on first use; refuse settings that disagree later.
+async def ensure_layout(client: RedisClient, settings: Settings, library: str) -> None:
+    """Record shards and bucket_ms on first use; refuse settings that disagree later; and
+    let the shards' body hashes split once no older release can write to them.
+
+    Body hashes that split (store/bodies.py) are a stored shape older releases cannot
+    read: their creates would write under the 1,024 hashes of level 10 of a shard that
+    has split. So a deployment's shards split only once `tw:layout` says `bodies: split`:
+    written by the process that creates the deployment, or by one that starts while no
+    Function library but its own (`library`) is loaded, that is once the old versions
+    are removed after a rolling upgrade (docs/operations/upgrading.md). Every process
+    then marks every shard's meta (`body_grow`), which the library reads.
 
     Raises:
         ConfigError: the deployment was created with another shard count or bucket width.
     """
     key = Keys(settings.prefix).layout()
     try:
-        await client.hsetnx(key, "shards", settings.shards)
+        if await client.hsetnx(key, "shards", settings.shards):
+            await client.hset(key, "bodies", "split")
         await client.hsetnx(key, "bucket_ms", settings.bucket_ms)
         stored = await client.hgetall(key)
     except (RedisError, OSError) as exc:
@@ -40,6 +50,47 @@ async def ensure_layout(client: RedisClient, settings: Settings) -> None:
                 f"Setting {name!r} is {getattr(settings, name)} but the deployment "
                 f"under prefix {settings.prefix!r} was created with {have}."
             )
+    split = stored.get(b"bodies") == b"split"
+    if not split and await _only_library(client, library):
+        await client.hset(key, "bodies", "split")
+        split = True
+    if split:
+        await _let_bodies_split(client, settings)
+
+
+async def _only_library(client: RedisClient, library: str) -> bool:
+    """Whether no timewheel Function library but `library` is loaded on any primary
+    (False when FUNCTION LIST is not allowed: nothing tells)."""
+    for node in _primaries(client):
+        target = {} if node is None else {"target_nodes": node}
+        try:
+            found: Any = await client.execute_command(
+                "FUNCTION", "LIST", "LIBRARYNAME", "timewheel_*", **target
+            )
+        except (RedisError, OSError):
+            return False
+        for entry in found:
+            fields = (
+                entry
+                if isinstance(entry, dict)
+                else dict(zip(entry[::2], entry[1::2], strict=False))
+            )
+            name = text(fields.get(b"library_name", fields.get("library_name", b"")))
+            if name != library:
+                return False
+    return True
+
+
+async def _let_bodies_split(client: RedisClient, settings: Settings) -> None:
+    """Mark every shard's meta: its body hashes may split (lua/lib/bodies.lua)."""
+    keys = Keys(settings.prefix)
+    try:
+        pipe: Any = client.pipeline(transaction=False)
+        for shard in range(settings.shards):
+            pipe.hset(keys.meta(shard), "body_grow", 1)
+        await pipe.execute()
+    except (RedisError, OSError) as exc:
+        raise RedisUnavailable(f"cannot mark the shards' body layout: {exc}") from exc
 
 
 async def check_durability(client: RedisClient, settings: Settings) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
+from timewheel.store.bodies import BodyLayout
+
 WHEEL_LEVELS = 4
 """A far bucket and its children, level by level (lua/lib/wheel.lua WHEEL_LEVELS)."""
 
@@ -72,23 +74,15 @@ class Keys:
     def legacy_retained(self, shard: int, bucket_start_ms: int) -> str:
         return f"{self.tag(shard)}x:{bucket_start_ms}"
 
-    def body(self, shard: int, run_id: str) -> str:
-        """HASH body_field(run_id) -> record; the hash is chosen by the last two
-        characters of the task id (the part of the run id before any '@')."""
-        return self.tag(shard) + "t:" + run_id.split("@", 1)[0][-2:]
+    def body(self, shard: int, run_id: str, layout: BodyLayout) -> str:
+        """HASH field -> record: the body hash of a run in a shard of that body layout
+        (store/bodies.py); `body_field` gives its field."""
+        return layout.place(self.tag(shard), run_id)[0]
 
     @staticmethod
-    def body_field(run_id: str) -> str:
-        """A run's field in its body hash: the run id without its 3 shard characters and
-        the 2 that chose the hash, which the key implies (lua/lib/record.lua)."""
-        base, at, rest = run_id.partition("@")
-        return base[3:-2] + at + rest
-
-    @staticmethod
-    def run_id_in_body(shard: int, body_key: str, field: str) -> str:
-        """The run id of `field` of body hash `body_key` of `shard` (body_field undone)."""
-        middle, at, rest = field.partition("@")
-        return f"{shard:03x}{middle}{body_key[-2:]}{at}{rest}"
+    def body_field(run_id: str, layout: BodyLayout) -> str:
+        """A run's field in its body hash (store/bodies.py)."""
+        return layout.place("", run_id)[1]
 
     def schedule(self, shard: int, sid: str) -> str:
         """HASH: a recurring schedule (fields in lua/lib/schedule.lua)."""

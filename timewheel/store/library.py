@@ -90,6 +90,7 @@ LIBS = (
     "hash",
     "clock",
     "wheel",
+    "bodies",
     "record",
     "usage",
     "wake",
@@ -156,7 +157,8 @@ class Library:
         parts = [f"#!lua name=timewheel_{version}", *helpers]
         for op, body in bodies.items():
             # The operation's chunk becomes a function of (KEYS, ARGV): its top-level
-            # locals are per call, the helpers above are the library's, built once.
+            # locals are per call, the helpers above are the library's, built once. What
+            # lib/bodies.lua keeps of the shard it read is forgotten at every call's start.
             name = function_name(version, op)
             register = (
                 f"redis.register_function{{function_name='{name}', callback=op_{op}, "
@@ -164,7 +166,9 @@ class Library:
                 if op in READ_ONLY
                 else f"redis.register_function('{name}', op_{op})"
             )
-            parts.append(f"local function op_{op}(KEYS, ARGV)\n{body}\nend\n{register}")
+            parts.append(
+                f"local function op_{op}(KEYS, ARGV)\nbody_forget()\n{body}\nend\n{register}"
+            )
         return cls(f"timewheel_{version}", version, "\n".join(parts) + "\n")
 
     async def load(self, client: RedisClient) -> None:

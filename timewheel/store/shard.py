@@ -14,12 +14,13 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import ResponseError
+from redis.exceptions import RedisError, ResponseError
 
 from timewheel import ids
 from timewheel.config import Settings
 from timewheel.errors import RedisUnavailable, TaskNotFound
-from timewheel.store import deployment
+from timewheel.store import bodies, deployment
+from timewheel.store.bodies import BodyLayout
 from timewheel.store.clock import RedisClock
 from timewheel.store.connection import TORN, UNREACHABLE, RedisClient, connect, torn_connection
 from timewheel.store.guard import StorageGuard
@@ -40,6 +41,15 @@ class Call(Generic[R]):
     keys: list[str]
     args: list[ScriptArg]
     decode: Callable[[Any], R]
+
+
+RECORDS_PER_CALL = 1000
+"""Run ids per lua/archive_records.lua call (its header's limit)."""
+
+
+def _raw_records(reply: list[Any]) -> list[Any]:
+    """archive_records.lua's reply: a record (bytes) or None per run."""
+    return reply
 
 
 def clock_arg(now_ms: int | None) -> ScriptArg:
@@ -71,13 +81,16 @@ class Store:
         """Kept connections for the packed calls of a standalone Redis (store/pipeline.py)."""
         self.placements = Placements(client, self.keys, settings)
         """Tenants' shards as last read (store/placement.py)."""
+        self.body_layouts: dict[int, BodyLayout] = {}
+        """Shards' body layouts as last read (store/bodies.py): a reader that guessed by
+        one reads the layout after the record in the same round trip to check it."""
 
     @classmethod
     async def connect(cls, settings: Settings) -> Store:
         """Connect, check the deployment layout, and count the replicas to wait for."""
         store = cls(await connect(settings.redis_url), settings)
         try:
-            await deployment.ensure_layout(store.client, settings)
+            await deployment.ensure_layout(store.client, settings, store.scripts.library.name)
             if settings.min_replicas_ack < 0:  # auto: one where a primary has replicas
                 counts = await deployment.replica_counts(store.client)
                 wait = store.replica_wait
@@ -133,6 +146,51 @@ class Store:
         if wake:
             tail += [self.keys.wake_channel(), shard]
         return tail
+
+    # -- records -----------------------------------------------------------------------
+
+    async def body_layout(self, shard: int) -> BodyLayout:
+        """The shard's body layout (store/bodies.py), read now."""
+        try:
+            values = await self.client.hmget(self.keys.meta(shard), list(bodies.META_FIELDS))
+        except (RedisError, OSError) as exc:
+            raise RedisUnavailable(f"cannot read the body layout: {exc}") from exc
+        layout = self.body_layouts[shard] = BodyLayout.read(values)
+        return layout
+
+    async def record_key(self, run_id: str) -> tuple[str, str]:
+        """(body hash, field) of a run's record as its shard's layout is now: for
+        operators' tools and tests that read or write a record directly."""
+        shard = self.locate(run_id)
+        layout = await self.body_layout(shard)
+        return layout.place(self.keys.tag(shard), run_id)
+
+    async def records(self, runs: Sequence[tuple[int, str]]) -> list[bytes | None]:
+        """The stored record of each (shard, run id), None where there is none: one
+        lua/archive_records.lua call per shard and RECORDS_PER_CALL runs, which place
+        each run by its shard's body layout as it is."""
+        by_shard: dict[int, list[int]] = {}
+        for i, (shard, _) in enumerate(runs):
+            by_shard.setdefault(shard, []).append(i)
+        chunks = [
+            (shard, wanted[i : i + RECORDS_PER_CALL])
+            for shard, wanted in by_shard.items()
+            for i in range(0, len(wanted), RECORDS_PER_CALL)
+        ]
+        calls = [
+            Call(
+                self.scripts.archive_records,
+                [self.keys.meta(shard)],
+                [runs[i][1] for i in chunk],
+                _raw_records,
+            )
+            for shard, chunk in chunks
+        ]
+        out: list[bytes | None] = [None] * len(runs)
+        for (_, chunk), raws in zip(chunks, await self.run_many(calls), strict=True):
+            for i, raw in zip(chunk, raws, strict=True):
+                out[i] = raw if isinstance(raw, bytes) else None
+        return out
 
     # -- running calls -----------------------------------------------------------------
 

@@ -13,13 +13,10 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from redis.exceptions import RedisError
-
 from timewheel import ids
 from timewheel.errors import (
     OverLimit,
     PayloadTooLarge,
-    RedisUnavailable,
     TaskNotFound,
     ValidationError,
 )
@@ -262,7 +259,6 @@ class TaskOps:
         placements gave the key are looked at first (one round trip, only for a tenant
         whose placement changed; store/placement.py).
         """
-        k = self.store.keys
         looks: list[tuple[int, str, int]] = []  # (index, task id, shard)
         for i, p in enumerate(prepared):
             if p.new.idempotency_key is None:
@@ -272,13 +268,7 @@ class TaskOps:
                 looks.append((i, ids.make_task_id(shard, token), shard))
         if not looks:
             return {}
-        try:
-            pipe = self.store.client.pipeline(transaction=False)
-            for _, task_id, shard in looks:
-                pipe.hexists(k.body(shard, task_id), k.body_field(task_id))
-            exists = await pipe.execute()
-        except (RedisError, OSError) as exc:
-            raise RedisUnavailable(f"idempotency lookup failed: {exc}") from exc
+        exists = await self.store.records([(shard, task_id) for _, task_id, shard in looks])
         found: dict[int, CreateResult] = {}
         for (i, task_id, _), there in zip(looks, exists, strict=True):
             if there and i not in found:
@@ -304,7 +294,7 @@ class TaskOps:
         k = self.store.keys
         return Call(
             self.store.scripts.task_cancel,
-            [k.meta(shard), k.body(shard, task_id), k.events(shard)],
+            [k.meta(shard), k.events(shard)],
             [task_id, tenant, *self.store.shared(shard, now_ms, wake=False)],
             _changed(task_id, "cancel"),
         )
@@ -327,7 +317,7 @@ class TaskOps:
         k = self.store.keys
         return Call(
             self.store.scripts.task_update,
-            [k.meta(shard), k.body(shard, task_id), k.events(shard)],
+            [k.meta(shard), k.events(shard)],
             [
                 task_id,
                 tenant,

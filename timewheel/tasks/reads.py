@@ -13,7 +13,8 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from timewheel.errors import RedisUnavailable, TaskNotFound
-from timewheel.store import record
+from timewheel.store import bodies, record
+from timewheel.store.bodies import BodyLayout
 from timewheel.store.keys import WHEEL_LEVELS, Keys
 from timewheel.store.shard import Store
 from timewheel.tasks.model import Task
@@ -24,17 +25,26 @@ async def get(store: Store, tenant: str, task_id: str) -> Task:
     shard = store.locate(task_id)
     k = store.keys
     sid = task_id.split("@", 1)[0] if "@" in task_id else None
-    try:
-        # What record_sent (lua/lib/record.lua) reads, in the same round trip: the
-        # keys share the shard's hash tag, so one node on Cluster too.
-        pipe = store.client.pipeline(transaction=False)
-        pipe.hget(k.body(shard, task_id), k.body_field(task_id))
-        pipe.hget(k.meta(shard), "promoted_until")
-        pipe.zscore(k.near(shard, tenant), task_id)
-        pipe.hget(k.schedule(shard, sid or "-"), "held")
-        raw, promoted, score, held = await pipe.execute()
-    except (RedisError, OSError) as exc:
-        raise RedisUnavailable(f"get failed: {exc}") from exc
+    layout = store.body_layouts.get(shard) or BodyLayout()
+    while True:
+        key, field = layout.place(k.tag(shard), task_id)
+        try:
+            # What record_sent (lua/lib/record.lua) reads, in the same round trip: the
+            # keys share the shard's hash tag, so one node on Cluster too. The body
+            # layout is read after the record: the one the key was guessed by if no
+            # hash split in between (store/bodies.py).
+            pipe = store.client.pipeline(transaction=False)
+            pipe.hget(key, field)
+            pipe.hmget(k.meta(shard), "promoted_until", *bodies.META_FIELDS)
+            pipe.zscore(k.near(shard, tenant), task_id)
+            pipe.hget(k.schedule(shard, sid or "-"), "held")
+            raw, meta, score, held = await pipe.execute()
+        except (RedisError, OSError) as exc:
+            raise RedisUnavailable(f"get failed: {exc}") from exc
+        promoted, actual = meta[0], BodyLayout.read(meta[1:])
+        if actual == layout:
+            break
+        layout = store.body_layouts[shard] = actual
     if not isinstance(raw, bytes):
         raise TaskNotFound(task_id)
     task = record.decode(task_id, raw)

@@ -109,9 +109,10 @@ async def break_deployment(
         return faults
 
     # Reported only.
-    await c.hdel(k.body(shard, far[1]), k.body_field(far[1]))  # a record deleted
+    layout = await engine.store.body_layout(shard)
+    await c.hdel(k.body(shard, far[1], layout), k.body_field(far[1], layout))  # a record deleted
     faults.expect(Kind.RECORD_MISSING, far[1])
-    await c.hset(k.body(shard, far[2]), k.body_field(far[2]), b"\xc1 not a record")
+    await c.hset(k.body(shard, far[2], layout), k.body_field(far[2], layout), b"\xc1 not a record")
     faults.expect(Kind.RECORD_CORRUPT, far[2])
     await c.xadd(stream, {"run_id": far[3], "attempt": "1"})  # an entry of a run not out
     faults.expect(Kind.STREAM_ENTRY_ORPHAN, far[3])

@@ -64,10 +64,31 @@ local function tw_text(v)
   end))
 end
 
--- Where a run's record lives (lua/lib/record.lua run_place): body hash key and field.
+-- Where a run's record lives (lua/lib/bodies.lua body_locate): body hash key and field.
+-- The shard's meta holds its body layout: level L (body_bits; none: 10) and split s; a
+-- task whose token's low L bits v are below s is in level L + 1. Level 10 is 't:<xy>',
+-- another 't<level>:<chars>'; the field leaves out the last floor(level / 5) characters.
+local TW_ALPHABET = '0123456789abcdefghjkmnpqrstvwxyz'
 local function tw_body(tag, run_id)
   local task_id, rest = string.match(run_id, '^([^@]+)(.*)$')
-  return tag .. 't:' .. string.sub(task_id, -2), string.sub(task_id, 4, -3) .. rest
+  local m = redis.call('HMGET', tag .. 'meta', 'body_bits', 'body_split')
+  local level, split = tonumber(m[1]) or 10, tonumber(m[2]) or 0
+  local x = 0
+  for i = #task_id - 3, #task_id do
+    x = x * 32 + ((string.find(TW_ALPHABET, string.sub(task_id, i, i), 1, true) or 1) - 1)
+  end
+  local v = x % 2 ^ level
+  if v < split then
+    level = level + 1
+    v = x % 2 ^ level
+  end
+  local chars = ''
+  for _ = 1, math.ceil(level / 5) do
+    chars = string.sub(TW_ALPHABET, v % 32 + 1, v % 32 + 1) .. chars
+    v = math.floor(v / 32)
+  end
+  local name = level == 10 and 't:' .. chars or 't' .. level .. ':' .. chars
+  return tag .. name, string.sub(task_id, 4, #task_id - math.floor(level / 5)) .. rest
 end
 
 -- Record field positions and state names (lua/lib/record.lua, timewheel/types.py).

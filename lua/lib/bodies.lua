@@ -1,0 +1,258 @@
+-- Body hashes that split (docs/design.md, "Body hashes that split"): where a run's record
+-- lives in its shard. A shard's records spread over body hashes chosen by the low bits of
+-- the task id's token (its last four characters, 20 bits) by linear hashing: the shard's
+-- meta holds body_bits (L), body_split (s) and body_n (records in the shard). A task whose
+-- low L bits v are at least s is in hash (L, v); below s its hash has split, and it is in
+-- (L + 1, its low L + 1 bits). Once the shard holds more than BODY_LOAD records per hash,
+-- hash (L, s) splits into (L + 1, s) and (L + 1, s + 2^L) and s moves on (L + 1 and s = 0
+-- once every hash of level L has split). So the hashes grow with what the shard holds:
+-- one hash for a few records, 12,000 for 780,000, each about BODY_LOAD records, a short
+-- listpack; a lookup is one HGET whatever the size.
+--
+-- Names: level 10 is 't:<xy>' (xy: the two characters of the 10 bits), the 1,024 hashes
+-- every shard had before hashes split; any other level is 't<level>:<chars>', the bits in
+-- ceil(level / 5) characters of the id alphabet ('t0:', 't3:5', 't13:1gy'). A record's
+-- field is the run id less its 3 shard characters and the last floor(level / 5)
+-- characters of the task id, which the name implies.
+--
+-- A shard whose meta has no body_bits is read as level 10, split 0: the layout of earlier
+-- versions, or a shard that holds nothing yet. Once its meta says body_grow = 1 (no older
+-- release writes to the deployment: timewheel/store/deployment.py), the first record
+-- created settles it (body_settle): level 0 if no 't:<xy>' hash exists, else level 10
+-- with the count taken; until then it keeps level 10 and never splits.
+--
+-- The layout is read once per call (every call touches one shard) and kept in BODY; the
+-- library calls body_forget() at the start of every call, so nothing outlives a call.
+--
+--   body_forget()   drop what the last call read.
+--   body_locate(tag, run_id) -> task_id, bkey, field   where a run's record lives.
+--   body_field(run_id) -> field   its field, in the shard body_locate last read.
+--   body_tag() -> tag   that shard's tag.
+--   body_added(tag, bkey, run_id) -> bkey   count a record just written; past the load, split
+--       the next hash (then the run may have moved: its key now is returned).
+--   body_removed(tag)   count a record deleted.
+--   body_settle(tag)   give a shard with no body_bits its layout, once it may grow (above).
+--   body_at(tag, position) -> bkey, dropped, next_position   the body hash holding the
+--       position (0 .. 2^20 - 1) of the walk, the characters its fields leave out, and the
+--       position the next hash starts at (2^20: the last). The walk visits the hashes in
+--       the order of their bits read backwards, which a split does not change: a hash's
+--       children take its place, so a cursor between two hashes stays good.
+--   body_run_id(shard_chars, dropped, field) -> run_id   a field's run id.
+
+local BODY_LOAD = 64          -- records per hash before the next split
+local BODY_MAX_BITS = 20      -- 2^20 hashes at most: four characters of the token
+local BODY_LEGACY_BITS = 10   -- 't:<xy>', 1,024 hashes: a shard with no body_bits
+local BODY_WALK = 1048576     -- 2^20 positions
+-- Literal tables: a library's load runs without the string and math modules.
+local BODY_VALUE = {
+  [48] = 0, [49] = 1, [50] = 2, [51] = 3, [52] = 4, [53] = 5, [54] = 6, [55] = 7, [56] = 8,
+  [57] = 9, [97] = 10, [98] = 11, [99] = 12, [100] = 13, [101] = 14, [102] = 15,
+  [103] = 16, [104] = 17, [106] = 18, [107] = 19, [109] = 20, [110] = 21, [112] = 22,
+  [113] = 23, [114] = 24, [115] = 25, [116] = 26, [118] = 27, [119] = 28, [120] = 29,
+  [121] = 30, [122] = 31
+}
+local BODY_CHAR = {
+  [0] = '0', [1] = '1', [2] = '2', [3] = '3', [4] = '4', [5] = '5', [6] = '6', [7] = '7',
+  [8] = '8', [9] = '9', [10] = 'a', [11] = 'b', [12] = 'c', [13] = 'd', [14] = 'e',
+  [15] = 'f', [16] = 'g', [17] = 'h', [18] = 'j', [19] = 'k', [20] = 'm', [21] = 'n',
+  [22] = 'p', [23] = 'q', [24] = 'r', [25] = 's', [26] = 't', [27] = 'v', [28] = 'w',
+  [29] = 'x', [30] = 'y', [31] = 'z'
+}
+local BODY_POW = {
+  [0] = 1, [1] = 2, [2] = 4, [3] = 8, [4] = 16, [5] = 32, [6] = 64, [7] = 128, [8] = 256,
+  [9] = 512, [10] = 1024, [11] = 2048, [12] = 4096, [13] = 8192, [14] = 16384,
+  [15] = 32768, [16] = 65536, [17] = 131072, [18] = 262144, [19] = 524288, [20] = 1048576,
+  [21] = 2097152
+}
+
+local BODY = { tag = false, bits = BODY_LEGACY_BITS, split = 0, settled = false, grow = false,
+  keys = {} }
+
+local function body_forget()
+  BODY.tag = false
+end
+
+local function body_layout(tag)
+  if BODY.tag ~= tag then
+    local m = redis.call('HMGET', tag .. 'meta', 'body_bits', 'body_split', 'body_grow')
+    BODY.tag, BODY.keys = tag, {}
+    BODY.bits, BODY.split = tonumber(m[1]) or BODY_LEGACY_BITS, tonumber(m[2]) or 0
+    BODY.settled, BODY.grow = m[1] ~= false, m[3] == '1'
+  end
+  return BODY
+end
+
+local function body_tag()
+  if not BODY.tag then
+    error('ERR body layout not read in this call')
+  end
+  return BODY.tag
+end
+
+-- The name of hash (level, v) after the tag.
+local function body_name(level, v)
+  local n = math.ceil(level / 5)
+  local chars = {}
+  for i = n, 1, -1 do
+    chars[i] = BODY_CHAR[v % 32]
+    v = math.floor(v / 32)
+  end
+  if level == BODY_LEGACY_BITS then
+    return 't:' .. table.concat(chars)
+  end
+  return 't' .. level .. ':' .. table.concat(chars)
+end
+
+-- The token's low 20 bits: its last four characters (anything off the alphabet reads 0,
+-- so a malformed id finds no record rather than failing the call).
+local function body_low_bits(task_id)
+  local n = #task_id
+  local a, b, c, d = string.byte(task_id, n - 3, n)
+  local V = BODY_VALUE
+  return (((V[a] or 0) * 32 + (V[b] or 0)) * 32 + (V[c] or 0)) * 32 + (V[d] or 0)
+end
+
+local function body_locate(tag, run_id)
+  local b = body_layout(tag)
+  local at = string.find(run_id, '@', 1, true)
+  local task_id = at and string.sub(run_id, 1, at - 1) or run_id
+  local x = body_low_bits(task_id)
+  local level = b.bits
+  local v = x % BODY_POW[level]
+  if v < b.split then
+    level = level + 1
+    v = x % BODY_POW[level]
+  end
+  local slot = level * 2097152 + v
+  local key = b.keys[slot]
+  if key == nil then
+    key = tag .. body_name(level, v)
+    b.keys[slot] = key
+  end
+  local last = #task_id - math.floor(level / 5)
+  if at then
+    return task_id, key, string.sub(run_id, 4, last) .. string.sub(run_id, at)
+  end
+  return task_id, key, string.sub(run_id, 4, last)
+end
+
+local function body_field(run_id)
+  local _, _, field = body_locate(body_tag(), run_id)
+  return field
+end
+
+local function body_run_id(shard_chars, dropped, field)
+  local at = string.find(field, '@', 1, true)
+  if at then
+    return shard_chars .. string.sub(field, 1, at - 1) .. dropped .. string.sub(field, at)
+  end
+  return shard_chars .. field .. dropped
+end
+
+local function body_settle(tag)
+  local b = body_layout(tag)
+  if b.settled or not b.grow then
+    return
+  end
+  local names = {}
+  for i = 0, 1023 do
+    names[i + 1] = tag .. 't:' .. BODY_CHAR[math.floor(i / 32)] .. BODY_CHAR[i % 32]
+  end
+  local bits, n = 0, 0
+  if redis.call('EXISTS', unpack(names)) > 0 then
+    bits = BODY_LEGACY_BITS
+    for i = 1, 1024 do
+      n = n + redis.call('HLEN', names[i])
+    end
+  end
+  redis.call('HSET', tag .. 'meta', 'body_bits', bits, 'body_split', 0, 'body_n', n)
+  b.bits, b.split, b.settled, b.keys = bits, 0, true, {}
+end
+
+-- Split hash (bits, split): its records go to its two children by the next bit.
+local function body_split(tag)
+  local b = BODY
+  local level, v = b.bits, b.split
+  local from = tag .. body_name(level, v)
+  local keep = math.floor(level / 5)
+  local dropped = keep > 0 and string.sub(from, -keep) or ''
+  if v + 1 == BODY_POW[level] then
+    b.bits, b.split = level + 1, 0
+  else
+    b.split = v + 1
+  end
+  b.keys = {}
+  redis.call('HSET', tag .. 'meta', 'body_bits', b.bits, 'body_split', b.split)
+  local flat = redis.call('HGETALL', from)
+  if #flat == 0 then
+    return
+  end
+  redis.call('DEL', from)
+  local into = {}
+  for i = 1, #flat, 2 do
+    -- '000' stands for the shard characters, which placement does not read.
+    local _, key, field = body_locate(tag, body_run_id('000', dropped, flat[i]))
+    local args = into[key]
+    if args == nil then
+      args = { key }
+      into[key] = args
+    end
+    args[#args + 1] = field
+    args[#args + 1] = flat[i + 1]
+    if #args > 400 then
+      redis.call('HSET', unpack(args))
+      into[key] = nil
+    end
+  end
+  for _, args in pairs(into) do
+    redis.call('HSET', unpack(args))
+  end
+end
+
+local function body_added(tag, bkey, run_id)
+  local b = body_layout(tag)
+  if not b.settled then
+    return bkey
+  end
+  local n = redis.call('HINCRBY', tag .. 'meta', 'body_n', 1)
+  if b.bits < BODY_MAX_BITS and n > BODY_LOAD * (BODY_POW[b.bits] + b.split) then
+    body_split(tag)
+    local _, key = body_locate(tag, run_id)
+    return key
+  end
+  return bkey
+end
+
+local function body_removed(tag)
+  if body_layout(tag).settled then
+    redis.call('HINCRBY', tag .. 'meta', 'body_n', -1)
+  end
+end
+
+-- Bits 0 .. 19 of x in reverse order.
+local function body_reverse(x)
+  local r = 0
+  for _ = 1, 20 do
+    r = r * 2 + x % 2
+    x = math.floor(x / 2)
+  end
+  return r
+end
+
+local function body_at(tag, position)
+  local b = body_layout(tag)
+  local x = body_reverse(position)
+  local level = b.bits
+  local v = x % BODY_POW[level]
+  if v < b.split then
+    level = level + 1
+    v = x % BODY_POW[level]
+  end
+  local name = body_name(level, v)
+  local keep = math.floor(level / 5)
+  local dropped = keep > 0 and string.sub(name, -keep) or ''
+  -- The hash holds the positions that share its level's bits: a run of 2^(20 - level)
+  -- from the first of them.
+  local span = BODY_POW[BODY_MAX_BITS - level]
+  return tag .. name, dropped, position - position % span + span
+end
