@@ -11,6 +11,7 @@
   Read-only. ]]
 local tag = string.sub(KEYS[1], 1, -5)
 
+--!include lib/bodies.lua
 --!include lib/record.lua
 
 if #ARGV > 1000 then

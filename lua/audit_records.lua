@@ -45,6 +45,7 @@ local scratch_ttl, backlog = ARGV[7], ARGV[8] == '1'
 local usage = ARGV[9] == '1'
 local tag = string.sub(meta_key, 1, -5)
 
+--!include lib/bodies.lua
 --!include lib/record.lua
 --!include lib/clock.lua
 --!include lib/wheel.lua

@@ -23,6 +23,7 @@ local bucket_ms, n = tonumber(ARGV[1]), tonumber(ARGV[2])
 local tag = string.sub(meta_key, 1, -5)
 local GROUP = 13
 
+--!include lib/bodies.lua
 --!include lib/record.lua
 --!include lib/usage.lua
 --!include lib/wheel.lua

@@ -28,6 +28,7 @@ local bucket_ms, now_override, event_cap = tonumber(ARGV[5]), ARGV[6], ARGV[7]
 local wake_channel, shard, cap = ARGV[8], ARGV[9], tonumber(ARGV[10] or '')
 local tag = string.sub(meta_key, 1, -5)
 
+--!include lib/bodies.lua
 --!include lib/record.lua
 --!include lib/clock.lua
 --!include lib/wheel.lua

@@ -38,6 +38,9 @@
 --       the order of their bits read backwards, which a split does not change: a hash's
 --       children take its place, so a cursor between two hashes stays good.
 --   body_run_id(shard_chars, dropped, field) -> run_id   a field's run id.
+--   body_layout(tag) -> BODY   the shard's layout, read once per call;
+--   body_name(level, v) -> name;  body_low_bits(task_id) -> x;  body_reverse(x) -> x'
+--   (bits 0 .. 19 backwards);  body_split(tag)   split the next hash (body_added).
 
 local BODY_LOAD = 64          -- records per hash before the next split
 local BODY_MAX_BITS = 20      -- 2^20 hashes at most: four characters of the token

@@ -201,10 +201,13 @@ async def test_a_shard_of_earlier_versions_is_read_as_it_is_and_grows_from_there
     more = await create(engine, 600, due)
     layout = await engine.store.body_layout(shard)
     assert layout.bits == 10 and layout.split > 0
-    assert (
-        await engine.client.exists(f"{tag}t11:001") + await engine.client.exists(f"{tag}t11:101")
-        >= 1
-    )
+    # hashes (10, v < split) are gone, their records in (11, v) and (11, v + 1,024)
+    split = [legacy.at(tag, 0).key]  # (10, 0), 't:00', the first
+    children = [key.decode() async for key in engine.client.scan_iter(match=f"{tag}t11:*")]
+    assert children and await engine.client.exists(*split) == 0
+    assert {key for key in children} <= {
+        BodyLayout(11, 0).at(tag, p).key for p in range(0, WALK_END, WALK_END >> 11)
+    }
     everything = old + new + more
     for run_id in rng_sample(everything, 200):
         assert (await engine.tasks.get("acme", run_id)).state == "scheduled", run_id

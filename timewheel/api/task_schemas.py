@@ -155,7 +155,7 @@ class TaskQuery(Query):
     limit: PageSize = 100
     cursor: Maybe[
         Annotated[
-            Cursor, Meta(pattern=r"^[0-9]{1,4}\.[0-9]{1,4}\.[0-9]{1,20}\.[0-9a-z@]{0,40}" + END)
+            Cursor, Meta(pattern=r"^[0-9]{1,4}\.[0-9]{1,7}\.[0-9]{1,20}\.[0-9a-z@]{0,40}" + END)
         ]
     ] = UNSET
 
