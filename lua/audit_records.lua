@@ -123,7 +123,7 @@ end
 
 local shard_chars = wheel_run_id(tag, '')
 local examined = 0
-while index < BODY_WALK and examined < limit do
+while index < BODY_K.WALK and examined < limit do
   local bkey, dropped, after = body_at(tag, index)
   local next_cursor, flat = audit_scan(bkey, cursor, limit - examined)
   for i = 1, #flat, 2 do
@@ -138,7 +138,7 @@ while index < BODY_WALK and examined < limit do
 end
 -- The schedules, for the usage check: each counts in its queue, in schedules and its
 -- payload in bytes (lua/schedule_create.lua).
-if usage and index == BODY_WALK and examined < limit then
+if usage and index == BODY_K.WALK and examined < limit then
   local reply = rcall('SSCAN', tag .. 'schedules', cursor, 'COUNT', limit - examined)
   for _, sid in ipairs(reply[2]) do
     local s = rcall('HMGET', schedule_key(tag, sid), 'tenant', 'queue', 'payload')
@@ -150,7 +150,7 @@ if usage and index == BODY_WALK and examined < limit then
   end
   examined = examined + #reply[2]
   if reply[1] == '0' then
-    index, cursor = BODY_WALK + 1, '0'
+    index, cursor = BODY_K.WALK + 1, '0'
   else
     cursor = reply[1]
   end

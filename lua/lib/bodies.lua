@@ -3,10 +3,10 @@
 -- the task id's token (its last four characters, 20 bits) by linear hashing: the shard's
 -- meta holds body_bits (L), body_split (s) and body_n (records in the shard). A task whose
 -- low L bits v are at least s is in hash (L, v); below s its hash has split, and it is in
--- (L + 1, its low L + 1 bits). Once the shard holds more than BODY_LOAD records per hash,
+-- (L + 1, its low L + 1 bits). Once the shard holds more than BODY_K.LOAD records per hash,
 -- hash (L, s) splits into (L + 1, s) and (L + 1, s + 2^L) and s moves on (L + 1 and s = 0
 -- once every hash of level L has split). So the hashes grow with what the shard holds:
--- one hash for a few records, 12,000 for 780,000, each about BODY_LOAD records, a short
+-- one hash for a few records, 12,000 for 780,000, each about BODY_K.LOAD records, a short
 -- listpack; a lookup is one HGET whatever the size.
 --
 -- Names: level 10 is 't:<xy>' (xy: the two characters of the 10 bits), the 1,024 hashes
@@ -42,33 +42,36 @@
 --   body_name(level, v) -> name;  body_low_bits(task_id) -> x;  body_reverse(x) -> x'
 --   (bits 0 .. 19 backwards);  body_split(tag)   split the next hash (body_added).
 
-local BODY_LOAD = 64          -- records per hash before the next split
-local BODY_MAX_BITS = 20      -- 2^20 hashes at most: four characters of the token
-local BODY_LEGACY_BITS = 10   -- 't:<xy>', 1,024 hashes: a shard with no body_bits
-local BODY_WALK = 1048576     -- 2^20 positions
--- Literal tables: a library's load runs without the string and math modules.
-local BODY_VALUE = {
-  [48] = 0, [49] = 1, [50] = 2, [51] = 3, [52] = 4, [53] = 5, [54] = 6, [55] = 7, [56] = 8,
-  [57] = 9, [97] = 10, [98] = 11, [99] = 12, [100] = 13, [101] = 14, [102] = 15,
-  [103] = 16, [104] = 17, [106] = 18, [107] = 19, [109] = 20, [110] = 21, [112] = 22,
-  [113] = 23, [114] = 24, [115] = 25, [116] = 26, [118] = 27, [119] = 28, [120] = 29,
-  [121] = 30, [122] = 31
-}
-local BODY_CHAR = {
-  [0] = '0', [1] = '1', [2] = '2', [3] = '3', [4] = '4', [5] = '5', [6] = '6', [7] = '7',
-  [8] = '8', [9] = '9', [10] = 'a', [11] = 'b', [12] = 'c', [13] = 'd', [14] = 'e',
-  [15] = 'f', [16] = 'g', [17] = 'h', [18] = 'j', [19] = 'k', [20] = 'm', [21] = 'n',
-  [22] = 'p', [23] = 'q', [24] = 'r', [25] = 's', [26] = 't', [27] = 'v', [28] = 'w',
-  [29] = 'x', [30] = 'y', [31] = 'z'
-}
-local BODY_POW = {
-  [0] = 1, [1] = 2, [2] = 4, [3] = 8, [4] = 16, [5] = 32, [6] = 64, [7] = 128, [8] = 256,
-  [9] = 512, [10] = 1024, [11] = 2048, [12] = 4096, [13] = 8192, [14] = 16384,
-  [15] = 32768, [16] = 65536, [17] = 131072, [18] = 262144, [19] = 524288, [20] = 1048576,
-  [21] = 2097152
+-- Constants, in one table (a library's chunk holds at most 200 locals): records per hash
+-- before the next split; 2^20 hashes at most (four characters of the token); the level
+-- of a shard with no body_bits ('t:<xy>', 1,024 hashes); 2^20 walk positions; and as
+-- literal tables (a library loads without the string and math modules) the id
+-- alphabet's values by byte, its characters by value, and powers of two.
+local BODY_K = {
+  LOAD = 64, MAX_BITS = 20, LEGACY_BITS = 10, WALK = 1048576,
+  VALUE = {
+    [48] = 0, [49] = 1, [50] = 2, [51] = 3, [52] = 4, [53] = 5, [54] = 6, [55] = 7, [56] = 8,
+    [57] = 9, [97] = 10, [98] = 11, [99] = 12, [100] = 13, [101] = 14, [102] = 15,
+    [103] = 16, [104] = 17, [106] = 18, [107] = 19, [109] = 20, [110] = 21, [112] = 22,
+    [113] = 23, [114] = 24, [115] = 25, [116] = 26, [118] = 27, [119] = 28, [120] = 29,
+    [121] = 30, [122] = 31
+  },
+  CHAR = {
+    [0] = '0', [1] = '1', [2] = '2', [3] = '3', [4] = '4', [5] = '5', [6] = '6', [7] = '7',
+    [8] = '8', [9] = '9', [10] = 'a', [11] = 'b', [12] = 'c', [13] = 'd', [14] = 'e',
+    [15] = 'f', [16] = 'g', [17] = 'h', [18] = 'j', [19] = 'k', [20] = 'm', [21] = 'n',
+    [22] = 'p', [23] = 'q', [24] = 'r', [25] = 's', [26] = 't', [27] = 'v', [28] = 'w',
+    [29] = 'x', [30] = 'y', [31] = 'z'
+  },
+  POW = {
+    [0] = 1, [1] = 2, [2] = 4, [3] = 8, [4] = 16, [5] = 32, [6] = 64, [7] = 128, [8] = 256,
+    [9] = 512, [10] = 1024, [11] = 2048, [12] = 4096, [13] = 8192, [14] = 16384,
+    [15] = 32768, [16] = 65536, [17] = 131072, [18] = 262144, [19] = 524288, [20] = 1048576,
+    [21] = 2097152
+  },
 }
 
-local BODY = { tag = false, bits = BODY_LEGACY_BITS, split = 0, settled = false, grow = false,
+local BODY = { tag = false, bits = BODY_K.LEGACY_BITS, split = 0, settled = false, grow = false,
   keys = {} }
 
 local function body_forget()
@@ -79,7 +82,7 @@ local function body_layout(tag)
   if BODY.tag ~= tag then
     local m = redis.call('HMGET', tag .. 'meta', 'body_bits', 'body_split', 'body_grow')
     BODY.tag, BODY.keys = tag, {}
-    BODY.bits, BODY.split = tonumber(m[1]) or BODY_LEGACY_BITS, tonumber(m[2]) or 0
+    BODY.bits, BODY.split = tonumber(m[1]) or BODY_K.LEGACY_BITS, tonumber(m[2]) or 0
     BODY.settled, BODY.grow = m[1] ~= false, m[3] == '1'
   end
   return BODY
@@ -97,10 +100,10 @@ local function body_name(level, v)
   local n = math.ceil(level / 5)
   local chars = {}
   for i = n, 1, -1 do
-    chars[i] = BODY_CHAR[v % 32]
+    chars[i] = BODY_K.CHAR[v % 32]
     v = math.floor(v / 32)
   end
-  if level == BODY_LEGACY_BITS then
+  if level == BODY_K.LEGACY_BITS then
     return 't:' .. table.concat(chars)
   end
   return 't' .. level .. ':' .. table.concat(chars)
@@ -111,7 +114,7 @@ end
 local function body_low_bits(task_id)
   local n = #task_id
   local a, b, c, d = string.byte(task_id, n - 3, n)
-  local V = BODY_VALUE
+  local V = BODY_K.VALUE
   return (((V[a] or 0) * 32 + (V[b] or 0)) * 32 + (V[c] or 0)) * 32 + (V[d] or 0)
 end
 
@@ -121,10 +124,10 @@ local function body_locate(tag, run_id)
   local task_id = at and string.sub(run_id, 1, at - 1) or run_id
   local x = body_low_bits(task_id)
   local level = b.bits
-  local v = x % BODY_POW[level]
+  local v = x % BODY_K.POW[level]
   if v < b.split then
     level = level + 1
-    v = x % BODY_POW[level]
+    v = x % BODY_K.POW[level]
   end
   local slot = level * 2097152 + v
   local key = b.keys[slot]
@@ -159,11 +162,11 @@ local function body_settle(tag)
   end
   local names = {}
   for i = 0, 1023 do
-    names[i + 1] = tag .. 't:' .. BODY_CHAR[math.floor(i / 32)] .. BODY_CHAR[i % 32]
+    names[i + 1] = tag .. 't:' .. BODY_K.CHAR[math.floor(i / 32)] .. BODY_K.CHAR[i % 32]
   end
   local bits, n = 0, 0
   if redis.call('EXISTS', unpack(names)) > 0 then
-    bits = BODY_LEGACY_BITS
+    bits = BODY_K.LEGACY_BITS
     for i = 1, 1024 do
       n = n + redis.call('HLEN', names[i])
     end
@@ -179,7 +182,7 @@ local function body_split(tag)
   local from = tag .. body_name(level, v)
   local keep = math.floor(level / 5)
   local dropped = keep > 0 and string.sub(from, -keep) or ''
-  if v + 1 == BODY_POW[level] then
+  if v + 1 == BODY_K.POW[level] then
     b.bits, b.split = level + 1, 0
   else
     b.split = v + 1
@@ -218,7 +221,7 @@ local function body_added(tag, bkey, run_id)
     return bkey
   end
   local n = redis.call('HINCRBY', tag .. 'meta', 'body_n', 1)
-  if b.bits < BODY_MAX_BITS and n > BODY_LOAD * (BODY_POW[b.bits] + b.split) then
+  if b.bits < BODY_K.MAX_BITS and n > BODY_K.LOAD * (BODY_K.POW[b.bits] + b.split) then
     body_split(tag)
     local _, key = body_locate(tag, run_id)
     return key
@@ -246,16 +249,16 @@ local function body_at(tag, position)
   local b = body_layout(tag)
   local x = body_reverse(position)
   local level = b.bits
-  local v = x % BODY_POW[level]
+  local v = x % BODY_K.POW[level]
   if v < b.split then
     level = level + 1
-    v = x % BODY_POW[level]
+    v = x % BODY_K.POW[level]
   end
   local name = body_name(level, v)
   local keep = math.floor(level / 5)
   local dropped = keep > 0 and string.sub(name, -keep) or ''
   -- The hash holds the positions that share its level's bits: a run of 2^(20 - level)
   -- from the first of them.
-  local span = BODY_POW[BODY_MAX_BITS - level]
+  local span = BODY_K.POW[BODY_K.MAX_BITS - level]
   return tag .. name, dropped, position - position % span + span
 end

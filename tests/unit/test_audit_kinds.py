@@ -48,7 +48,7 @@ def test_the_body_hashes_the_audit_reads_are_those_ids_choose() -> None:
     source = (lua_dir() / "lib" / "bodies.lua").read_text()
     chars = dict(re.findall(r"\[(\d+)\] = '(\w)'", source))
     assert "".join(chars[str(i)] for i in range(32)) == ids.ALPHABET
-    values = re.search(r"local BODY_VALUE = \{(.*?)\}", source, re.DOTALL)
+    values = re.search(r"VALUE = \{(.*?)\}", source, re.DOTALL)
     assert values is not None
     pairs = {int(b): int(v) for b, v in re.findall(r"\[(\d+)\] = (\d+)", values.group(1))}
     assert pairs == {ord(c): i for i, c in enumerate(ids.ALPHABET)}
