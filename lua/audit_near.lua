@@ -83,10 +83,11 @@ local function check_member(tenant, run_id, score)
     audit_add(out, 'wheel_misplaced', tenant, run_id, '', string.format(
       'scored %d in near:%s but due %d', score, tenant, r[R_DUE]))
   else
-    local bucket = wheel_far(tag, audit_bucket(r[R_DUE], bucket_ms), wheel_member(run_id))
-    if bucket then
+    local key = wheel_far_or_distant(tag, wheel_member(run_id), r[R_DUE], bucket_ms)
+    if key then
       audit_add(out, 'wheel_duplicate', tenant, run_id, '', 'in near:' .. tenant
-        .. ' and in the far bucket w:' .. bucket .. ': it would be sent twice')
+        .. ' and in the far bucket ' .. string.sub(key, #tag + 1)
+        .. ': it would be sent twice')
     end
   end
 end

@@ -1,4 +1,5 @@
---[[ dispatch_promote: move the far buckets that start within the horizon into the near level.
+--[[ dispatch_promote: move the far buckets that start within the horizon into the near level,
+  and the distant buckets that start within one distant width of it into far buckets.
   KEYS[1] meta   HASH tag..'meta' (field promoted_until; the tag is KEYS[1] minus 'meta')
   KEYS[2] due    ZSET tag..'due'
   KEYS[3] wheel  ZSET tag..'wheel', bucket_start -> bucket_start
@@ -6,10 +7,15 @@
           HSCAN COUNT and HDEL arguments stay small and the call stays short)
   ARGV[4] now_ms override ('' = TIME)   ARGV[5] node ('' = unfenced)   ARGV[6] epoch
   Derived keys (same tag): w:<bucket> and its children w:<bucket>:<hex> (lib/wheel.lua),
-  t:<xy>, near:<tenant>, lease.
-  Returns: {moved, more, promoted_until, next_bucket_ms}   more = 1 if buckets within the
-           horizon remain; next_bucket_ms = -1 when the far level is empty.
+  distant, wd:<start> and its children, the body hashes, near:<tenant>, lease.
+  Returns: {moved, more, promoted_until, next_bucket_ms, cascaded}   more = 1 if buckets
+           within the horizon (or distant ones within its reach) remain; next_bucket_ms:
+           when the next bucket comes due for this call (a far bucket's start, a distant
+           one's start less its width), -1 when both levels are empty; cascaded: runs moved
+           from distant buckets into far ones.
   Errors:  {-3} LEASE_LOST.
+  Distant buckets are drained first (cursor dcursor, dbucket), each run into its far
+  bucket, which this call's promotion then takes if it is within the horizon.
   A bucket is drained with HSCAN (wheel_drain, lib/wheel.lua), cursor kept in meta
   (pcursor, pbucket), so a bucket of a thundering herd (100k runs, hashtable-encoded)
   moves in bounded steps. promoted_until only advances once every bucket that starts
@@ -45,11 +51,28 @@ local function promote(member)
   end
 end
 
-local moved, at_limit = wheel_drain(wheel_key, tag .. 'w:', reach, limit, promote, meta_key,
-  'pbucket', 'pcursor')
+-- A distant bucket's member goes to its far bucket (never back to a distant one).
+local function cascade(member)
+  local run_id = shard_hex .. member
+  local r = record_read(body_key(tag, run_id), run_id)
+  if r and r[R_STATE] == ST_SCHEDULED then
+    wheel_place_far(tag, run_id, r[R_DUE], bucket_ms)
+  end
+end
+
+local distant_key, width = tag .. 'distant', wheel_distant_width(bucket_ms)
+local cascaded, at_limit = wheel_drain(distant_key, tag .. 'wd:', reach + width, limit, cascade,
+  meta_key, 'dbucket', 'dcursor')
+local moved = 0
 local more = 0
-if at_limit and wheel_first_bucket(wheel_key, reach) then
-  more = 1  -- the limit stopped it with a bucket within the horizon left
+if at_limit then
+  more = 1  -- the limit stopped it with a distant bucket within reach left
+else
+  moved, at_limit = wheel_drain(wheel_key, tag .. 'w:', reach, limit - cascaded, promote,
+    meta_key, 'pbucket', 'pcursor')
+  if at_limit and wheel_first_bucket(wheel_key, reach) then
+    more = 1  -- the limit stopped it with a bucket within the horizon left
+  end
 end
 
 local promoted_until = wheel_promoted_until(meta_key)
@@ -60,5 +83,10 @@ if more == 0 then
     rcall('HSET', meta_key, 'promoted_until', promoted_until)
   end
 end
-local next_bucket = rcall('ZRANGE', wheel_key, 0, 0, 'WITHSCORES')[2]  -- a child's is its start
-return { moved, more, promoted_until, tonumber(next_bucket) or -1 }
+local next_bucket = tonumber(rcall('ZRANGE', wheel_key, 0, 0, 'WITHSCORES')[2])  -- a child's
+-- is its start
+local next_distant = tonumber(rcall('ZRANGE', distant_key, 0, 0, 'WITHSCORES')[2])
+if next_distant and (next_bucket == nil or next_distant - width < next_bucket) then
+  next_bucket = next_distant - width
+end
+return { moved, more, promoted_until, next_bucket or -1, cascaded }

@@ -4,8 +4,9 @@
   ARGV[1] run_id   ARGV[2] its attempt as the audit found it stored ('' = any)
   ARGV[3] bucket_ms   ARGV[4] now_ms override ('' = TIME)   ARGV[5] wake channel
   ('' = none)   ARGV[6] shard number (the wake message)
-  Derived keys (same tag): t:<xy>, near:<tenant>, due, w:<bucket> and its children
-  (lib/wheel.lua), wheel, s:<sid>, rates, tokens.
+  Derived keys (same tag): the body hashes, near:<tenant>, due, w:<bucket> and its
+  children, wheel, wd:<start> and its children, distant (lib/wheel.lua), s:<sid>, rates,
+  tokens.
   Returns: {1}         placed (wheel_place: its level, the wheel index, the due index)
            {0, why}    nothing done: 'moved on' (no longer scheduled at that attempt),
                        'held' (its schedule holds it back), 'in place' (a parked run
@@ -13,8 +14,8 @@
                        before promoted_until and in no level: it was sent, and only its
                        ready stream can tell; repair_retry is for that)
   Errors:  none.
-  Placed: a run due at or after promoted_until that is in no level, or whose far bucket
-  the wheel index lacks; a run in the near level whose tenant is missing from the due
+  Placed: a run due at or after promoted_until that is in no level, or whose far (or
+  distant) bucket its index lacks; a run in the near level whose tenant is missing from the due
   index or, with no dispatch_rate, listed there later than the run. Nothing is deleted. ]]
 local rcall = redis.call
 local meta_key = KEYS[1]
@@ -56,14 +57,20 @@ if near then
   -- Into the near level, where it is: the near entry stays, the due index learns it.
   promoted = math.max(promoted, due + 1)
 elseif far then
-  -- In its far bucket (or a child of it, lib/wheel.lua): only the index can be missing it.
+  -- In its far bucket (or a child of it, or its distant bucket, lib/wheel.lua): only the
+  -- index can be missing it.
   local start = audit_bucket(due, bucket_ms)
+  local index = 'wheel'
   local name = wheel_far(tag, start, wheel_member(run_id))
-  if rcall('ZSCORE', tag .. 'wheel', name) then
+  if name == nil then
+    index, start = 'distant', wheel_distant_start(due, bucket_ms)
+    name = wheel_distant(tag, start, wheel_member(run_id))
+  end
+  if rcall('ZSCORE', tag .. index, name) then
     return { 0, 'in place' }
   end
   local earliest = rcall('ZRANGE', tag .. 'wheel', 0, 0, 'WITHSCORES')[2]
-  rcall('ZADD', tag .. 'wheel', start, name)
+  rcall('ZADD', tag .. index, start, name)
   local wake = 0
   if earliest == nil or tonumber(earliest) > tonumber(start) then
     wake = 1

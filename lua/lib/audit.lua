@@ -14,11 +14,11 @@
 --       corrupt; raw tells which), whole or its head.
 --   audit_bucket(due_ms, bucket_ms) -> text   the far bucket start of a due time.
 --   audit_where(tag, run_id, r, bucket_ms) -> near_score | nil, in_far, held   where a
---       stored-as-scheduled run is: its near level score, whether its far bucket holds
---       it, whether its schedule holds it back (overlap buffer_one).
+--       stored-as-scheduled run is: its near level score, whether its far (or distant)
+--       bucket holds it, whether its schedule holds it back (overlap buffer_one).
 --   audit_level(tag, run_id, r, promoted, bucket_ms) -> 'near' | 'far' | 'held' | 'parked' | false,
 --       key   the same, in as few lookups as a sound run needs (promoted: promoted_until),
---       and the near level or far bucket holding it.
+--       and the near level or far (or distant) bucket holding it.
 --   audit_sent_attempt(tag, run_id, r, promoted, bucket_ms) -> attempt | nil   the attempt
 --       a run is out with: a record that says dispatched, or one that says scheduled and
 --       sits in no level and is not held (sent, or lost from the wheel: only the ready
@@ -98,7 +98,7 @@ end
 
 local function audit_where(tag, run_id, r, bucket_ms)
   local near = redis.call('ZSCORE', tag .. 'near:' .. r[R_TENANT], run_id)
-  local far = wheel_far(tag, audit_bucket(r[R_DUE], bucket_ms), wheel_member(run_id)) ~= nil
+  local far = wheel_far_or_distant(tag, wheel_member(run_id), r[R_DUE], bucket_ms) ~= nil
   local held = r[R_SCHEDULE] ~= nil
     and redis.call('HGET', schedule_key(tag, r[R_SCHEDULE]), 'held') == run_id
   return near, far, held
@@ -112,20 +112,19 @@ end
 -- member no record accounts for, which audit_near or audit_far reads.
 local function audit_level(tag, run_id, r, promoted, bucket_ms)
   local due = r[R_DUE]
-  local bucket = audit_bucket(due, bucket_ms)
   if due >= promoted then
-    local name = wheel_far(tag, bucket, wheel_member(run_id))
-    if name then
-      return 'far', tag .. 'w:' .. name
+    local key = wheel_far_or_distant(tag, wheel_member(run_id), due, bucket_ms)
+    if key then
+      return 'far', key
     end
   end
   local near_key = tag .. 'near:' .. r[R_TENANT]
   if redis.call('ZSCORE', near_key, run_id) then
     return 'near', near_key
   elseif due < promoted then
-    local name = wheel_far(tag, bucket, wheel_member(run_id))
-    if name then
-      return 'far', tag .. 'w:' .. name
+    local key = wheel_far_or_distant(tag, wheel_member(run_id), due, bucket_ms)
+    if key then
+      return 'far', key
     end
   end
   if r[R_SCHEDULE] ~= nil

@@ -16,8 +16,9 @@
 -- characters of the task id, which the name implies.
 --
 -- A shard whose meta has no body_bits is read as level 10, split 0: the layout of earlier
--- versions, or a shard that holds nothing yet. Once its meta says body_grow = 1 (no older
--- release writes to the deployment: timewheel/store/deployment.py), the first record
+-- versions, or a shard that holds nothing yet. Once its meta says grow = 1 (no older
+-- release writes to the deployment: timewheel/store/deployment.py; lib/wheel.lua's
+-- distant buckets wait for it too), the first record
 -- created settles it (body_settle): level 0 if no 't:<xy>' hash exists, else level 10
 -- with the count taken; until then it keeps level 10 and never splits.
 --
@@ -80,7 +81,7 @@ end
 
 local function body_layout(tag)
   if BODY.tag ~= tag then
-    local m = redis.call('HMGET', tag .. 'meta', 'body_bits', 'body_split', 'body_grow')
+    local m = redis.call('HMGET', tag .. 'meta', 'body_bits', 'body_split', 'grow')
     BODY.tag, BODY.keys = tag, {}
     BODY.bits, BODY.split = tonumber(m[1]) or BODY_K.LEGACY_BITS, tonumber(m[2]) or 0
     BODY.settled, BODY.grow = m[1] ~= false, m[3] == '1'

@@ -67,7 +67,8 @@ end
 -- only takes the run out of its tenant's near level. So a scheduled run that is in
 -- neither level of the wheel, and is not held back by its schedule's overlap policy,
 -- is out at its next attempt. A run due before the shard's promoted_until can only be
--- in the near level; a later one is in its far bucket, or, while the promoter drains
+-- in the near level; a later one is in its far bucket (or its distant bucket, lib/wheel.lua),
+-- or, while the promoter drains
 -- that bucket in several calls (more than promote_batch runs), already moved to the
 -- near level and perhaps sent, although promoted_until is still before it. The far
 -- bucket is the wheel index's latest bucket starting at or before the run's due time.
@@ -88,9 +89,16 @@ local function record_sent(tag, run_id, r, promoted_until, near, parked)
   end
   local due = r[R_DUE]
   if due >= (promoted_until or wheel_promoted_until(tag .. 'meta')) then
+    local member = wheel_member(run_id)
     local latest = redis.call('ZRANGE', tag .. 'wheel', due, '-inf', 'BYSCORE', 'REV', 'LIMIT',
       0, 1, 'WITHSCORES')
-    if latest[2] and wheel_far(tag, latest[2], wheel_member(run_id)) then
+    if latest[2] and wheel_far(tag, latest[2], member) then
+      return false
+    end
+    -- or still in its distant bucket: the distant index's latest start at or before it
+    latest = redis.call('ZRANGE', tag .. 'distant', due, '-inf', 'BYSCORE', 'REV', 'LIMIT',
+      0, 1, 'WITHSCORES')
+    if latest[2] and wheel_distant(tag, latest[2], member) then
       return false
     end
   end

@@ -1,4 +1,4 @@
--- The hierarchical wheel of one shard (docs/design.md).
+-- The hierarchical wheel of one shard (docs/design.md). Calls lib/bodies.lua.
 --   near level:  tag..'near:'..tenant  ZSET run_id -> due_ms, for runs due before the
 --                shard's promoted_until; tag..'due' ZSET tenant -> earliest near due_ms
 --                (may be stale-early after a cancel; the tick repairs it).
@@ -8,10 +8,20 @@
 --                holds WHEEL_SPLIT members takes new ones in child buckets
 --                tag..'w:'..bucket_start..':'..<hex digits>, indexed as bucket_start..':'..
 --                <hex digits> -> bucket_start (wheel_path below).
--- Invariant: no far-level entry has due_ms < meta.promoted_until.
+--   distant buckets: a run due a distant bucket's width or more past promoted_until waits
+--                in tag..'wd:'..start, a bucket WHEEL_DISTANT times as wide as a far one
+--                and an hour at least (split as far buckets are), indexed by tag..'distant' ZSET start -> start; the promoter
+--                moves a distant bucket's runs into far buckets (the cascade) once its
+--                start is within one distant width of the horizon.
+-- Invariant: no far-level entry has due_ms < meta.promoted_until, and no distant bucket
+-- is due for its cascade without the promoter holding back promoted_until for it.
 --
 --   wheel_place(tag, meta, run_id, tenant, due_ms, bucket_ms, promoted_until) -> wake
---       put a scheduled run in its level (promoted_until optional).
+--       put a scheduled run in its level (promoted_until optional);
+--       wheel_place_far(tag, run_id, due_ms, bucket_ms) -> wake   into its far bucket (the
+--       cascade: never back into a distant one); wheel_put(tag, index, prefix, bucket,
+--       member) -> name, new   a member into a bucket of either level, or its path's child.
+--   wheel_distant_width(bucket_ms) -> ms;  wheel_distant_start(due_ms, bucket_ms) -> text.
 --   wheel_place_near(tag, tenant, placed, n, earliest) -> wake   many runs of one tenant,
 --       each due before promoted_until, into the near level at once (placed[1..n]: {due_ms,
 --       run_id, ...}, a due_ms as a number or its text; earliest: the least due_ms), as
@@ -29,7 +39,11 @@
 --   wheel_path(bucket, member) -> names   the buckets (index members, level by level) a
 --       far member of bucket start `bucket` may be in.
 --   wheel_far(tag, bucket, member) -> name | nil   the bucket that holds it, if any;
---       wheel_far_child(tag, bucket, member) the same among its children only.
+--       wheel_find(tag, prefix, bucket, member, from) the same among keys
+--       tag..prefix..name from level `from` of the path ('w:' far, 'wd:' distant);
+--       wheel_distant(tag, start, member) -> name | nil   the same among distant buckets;
+--       wheel_far_or_distant(tag, member, due_ms, bucket_ms) -> key | nil   the key of
+--       whichever far or distant bucket holds it.
 --   wheel_bucket_start(name) -> start   the start of a bucket named in the index.
 --   wheel_first_bucket(index_key, upto) -> start | nil   the oldest bucket of an index.
 --   wheel_drain(index_key, bucket_prefix, upto, limit, each, meta_key, bucket_field,
@@ -70,11 +84,15 @@ local function wheel_path(bucket, member)
   return names
 end
 
--- The child of bucket start `bucket` that holds `member`, or nil.
-local function wheel_far_child(tag, bucket, member)
+-- The bucket of the path of `member` from `bucket` that holds it, among keys
+-- tag..prefix..name ('w:' far buckets, 'wd:' distant ones), from level `from`, or nil.
+local function wheel_find(tag, prefix, bucket, member, from)
+  if from == 1 and redis.call('HEXISTS', tag .. prefix .. bucket, member) == 1 then
+    return bucket
+  end
   local names = wheel_path(bucket, member)
   for level = 2, WHEEL_LEVELS do
-    if redis.call('HEXISTS', tag .. 'w:' .. names[level], member) == 1 then
+    if redis.call('HEXISTS', tag .. prefix .. names[level], member) == 1 then
       return names[level]
     end
   end
@@ -82,10 +100,39 @@ local function wheel_far_child(tag, bucket, member)
 end
 
 local function wheel_far(tag, bucket, member)
-  if redis.call('HEXISTS', tag .. 'w:' .. bucket, member) == 1 then
-    return bucket
+  return wheel_find(tag, 'w:', bucket, member, 1)
+end
+
+-- Distant buckets: WHEEL_DISTANT (16) far buckets wide, an hour at least
+-- (WHEEL_DISTANT_MIN_MS; in one function, the library's chunk holding 200 locals at most). A shard whose runs
+-- spread thin over days (1,000 tenants over 7 days: 1.5 runs per 10-minute bucket) would
+-- otherwise pay a key and an index entry for every run or two; a run due that far waits
+-- in a bucket 16 times as wide, and moves into its far bucket once (the cascade) about
+-- one distant width before the far bucket is promoted.
+local function wheel_distant_width(bucket_ms)
+  return math.max(bucket_ms * 16, 3600000)  -- WHEEL_DISTANT, WHEEL_DISTANT_MIN_MS
+end
+
+local function wheel_distant_start(due_ms, bucket_ms)
+  local width = wheel_distant_width(bucket_ms)
+  return string.format('%d', due_ms - (due_ms % width))
+end
+
+local function wheel_distant(tag, start, member)
+  return wheel_find(tag, 'wd:', start, member, 1)
+end
+
+local function wheel_far_or_distant(tag, member, due_ms, bucket_ms)
+  local bucket = string.format('%d', due_ms - (due_ms % bucket_ms))
+  local name = wheel_far(tag, bucket, member)
+  if name then
+    return tag .. 'w:' .. name
   end
-  return wheel_far_child(tag, bucket, member)
+  name = wheel_distant(tag, wheel_distant_start(due_ms, bucket_ms), member)
+  if name then
+    return tag .. 'wd:' .. name
+  end
+  return nil
 end
 
 local function wheel_bucket_start(name)
@@ -100,12 +147,44 @@ local function wheel_promoted_until(meta)
   return tonumber(redis.call('HGET', meta, 'promoted_until')) or 0
 end
 
+-- A member into bucket `bucket` of index tag..index (keys tag..prefix..name), or the
+-- first child of its path with room once the bucket is full. Returns the name it went
+-- to and whether the index took a new entry for it.
+local function wheel_put(tag, index, prefix, bucket, member)
+  local name, key = bucket, tag .. prefix .. bucket
+  if redis.call('HLEN', key) >= WHEEL_SPLIT then
+    local names = wheel_path(bucket, member)
+    for level = 2, WHEEL_LEVELS do
+      name, key = names[level], tag .. prefix .. names[level]
+      if level == WHEEL_LEVELS or redis.call('HLEN', key) < WHEEL_SPLIT then
+        break
+      end
+    end
+  end
+  redis.call('HSET', key, member, '')
+  return name, redis.call('ZADD', tag .. index, bucket, name) == 1
+end
+
+local function wheel_place_far(tag, run_id, due_ms, bucket_ms)
+  -- One integer format instead of three '%.14g' ones when Redis converts the number.
+  local bucket = string.format('%d', due_ms - (due_ms % bucket_ms))
+  local name, new = wheel_put(tag, 'wheel', 'w:', bucket, wheel_member(run_id))
+  if not new or name ~= bucket then
+    return 0  -- the bucket was there already (a child's parent is), so not a new earliest
+  end
+  if redis.call('ZRANGE', tag .. 'wheel', 0, 0)[1] == bucket then
+    return 1
+  end
+  return 0
+end
+
 -- Put a scheduled run into the level its due time belongs to. `promoted_until` may be
 -- passed by a caller that places many runs in one call (it does not change within one).
 -- Returns 1 if it became the earliest thing the scheduler has to act on for this shard
 -- (so a sleeping scheduler should be woken), else 0.
 local function wheel_place(tag, meta, run_id, tenant, due_ms, bucket_ms, promoted_until)
-  if due_ms < (promoted_until or wheel_promoted_until(meta)) then
+  promoted_until = promoted_until or wheel_promoted_until(meta)
+  if due_ms < promoted_until then
     local due_key = tag .. 'due'
     redis.call('ZADD', tag .. 'near:' .. tenant, due_ms, run_id)
     -- CH counts a new tenant or an earlier earliest: only then can this run be the
@@ -119,28 +198,16 @@ local function wheel_place(tag, meta, run_id, tenant, due_ms, bucket_ms, promote
     end
     return 0
   end
-  -- One integer format instead of three '%.14g' ones when Redis converts the number.
-  local bucket = string.format('%d', due_ms - (due_ms % bucket_ms))
-  local wheel = tag .. 'wheel'
-  local member = wheel_member(run_id)
-  local name, key = bucket, tag .. 'w:' .. bucket
-  if redis.call('HLEN', key) >= WHEEL_SPLIT then
-    local names = wheel_path(bucket, member)
-    for level = 2, WHEEL_LEVELS do
-      name, key = names[level], tag .. 'w:' .. names[level]
-      if level == WHEEL_LEVELS or redis.call('HLEN', key) < WHEEL_SPLIT then
-        break
-      end
-    end
+  local width = wheel_distant_width(bucket_ms)
+  local start = due_ms - (due_ms % width)
+  -- (not while an older release, which knows no distant bucket, may run: lib/bodies.lua)
+  if start >= promoted_until + width and body_layout(tag).grow then
+    -- Past the cascade's reach: a distant bucket, which only the promoter reads (and the
+    -- scheduler visits the shard at least once per far bucket, so no wake).
+    wheel_put(tag, 'distant', 'wd:', string.format('%d', start), wheel_member(run_id))
+    return 0
   end
-  redis.call('HSET', key, member, '')
-  if redis.call('ZADD', wheel, bucket, name) == 0 or name ~= bucket then
-    return 0  -- the bucket was there already (a child's parent is), so not a new earliest
-  end
-  if redis.call('ZRANGE', wheel, 0, 0)[1] == bucket then
-    return 1
-  end
-  return 0
+  return wheel_place_far(tag, run_id, due_ms, bucket_ms)
 end
 
 -- The runs of one tenant that a call (run_fail) puts back in the near level: one ZADD for
@@ -168,18 +235,23 @@ local function wheel_remove(tag, run_id, tenant, due_ms, bucket_ms, queue)
   end
   local bucket = string.format('%d', due_ms - (due_ms % bucket_ms))
   local member = wheel_member(run_id)
+  local prefix, index = 'w:', 'wheel'
   local wkey = tag .. 'w:' .. bucket
   local name = bucket
   if redis.call('HDEL', wkey, member) == 0 then
-    name = wheel_far_child(tag, bucket, member)
+    name = wheel_find(tag, 'w:', bucket, member, 2)  -- a child of the far bucket
     if name == nil then
-      return
+      prefix, index = 'wd:', 'distant'
+      name = wheel_distant(tag, wheel_distant_start(due_ms, bucket_ms), member)
+      if name == nil then
+        return
+      end
     end
-    wkey = tag .. 'w:' .. name
+    wkey = tag .. prefix .. name
     redis.call('HDEL', wkey, member)
   end
   if redis.call('EXISTS', wkey) == 0 then
-    redis.call('ZREM', tag .. 'wheel', name)
+    redis.call('ZREM', tag .. index, name)
   end
 end
 

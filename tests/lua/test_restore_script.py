@@ -50,8 +50,10 @@ async def test_restore_script_writes_the_record_and_places_it_in_the_wheel(
         None,
     )
     assert task.options == {"retry": {"max_attempts": 3}}
-    bucket = engine.keys.bucket(3, 5_000_000 - 5_000_000 % bucket_ms)
-    assert await engine.client.hexists(bucket, engine.keys.bucket_member(run_id))  # far level
+    member = engine.keys.bucket_member(run_id)  # in the wheel: its distant bucket, the
+    distant = engine.keys.far_path(3, 5_000_000, bucket_ms, member)[4]  # shard never promoted
+    assert distant == engine.keys.tag(3) + "wd:3600000"
+    assert await engine.client.hexists(distant, member)
     # A run already there is left alone; malformed input is an error reply.
     again = await engine.store.scripts.restore_runs(
         engine.client, keys, [bucket_ms, 1, *run.args(run_id)]

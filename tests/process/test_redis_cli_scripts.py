@@ -257,6 +257,7 @@ async def test_shard_wheel_shows_marks_lease_near_level_per_tenant_and_far_bucke
         }
     ]
     assert "far level: buckets 0, runs 0" in lines
+    assert "distant level: buckets 0, runs 0" in lines
 
     globex = _out(standalone_engine, "shard-wheel", str(world.globex), "1")
     assert "near level: tenants 0, runs 0, due 0" in globex.splitlines()

@@ -115,7 +115,7 @@ class KeyDiscovery:
             return
         if rest.startswith("near:"):
             found.near.append(name)
-        elif rest.startswith("w:"):
+        elif rest.startswith(("w:", "wd:")):  # far buckets and distant ones
             found.buckets.append(name)
         elif rest.startswith("q:"):
             found.streams.append(name)

@@ -77,6 +77,8 @@ class PromoteResult:
     more: bool
     promoted_until_ms: int
     next_bucket_ms: int | None
+    cascaded: int = 0
+    """Runs moved from distant buckets into far ones (lua/lib/wheel.lua)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,13 +140,14 @@ def _ticked(shard: int) -> Any:
 def _promoted(shard: int) -> Any:
     def decode(reply: list[Any]) -> PromoteResult:
         check(reply, action="promote", shard=shard)
-        moved, more, promoted_until, next_bucket = reply
+        moved, more, promoted_until, next_bucket, cascaded = reply
         return PromoteResult(
             shard=shard,
             moved=int(moved),
             more=bool(int(more)),
             promoted_until_ms=int(promoted_until),
             next_bucket_ms=_opt_int(next_bucket),
+            cascaded=int(cascaded),
         )
 
     return decode

@@ -22,15 +22,18 @@ def _primaries(client: RedisClient) -> list[Any]:
 
 async def ensure_layout(client: RedisClient, settings: Settings, library: str) -> None:
     """Record shards and bucket_ms on first use; refuse settings that disagree later; and
-    let the shards' body hashes split once no older release can write to them.
+    let the shards grow (body hashes that split, distant buckets) once no older release
+    can write to them.
 
-    Body hashes that split (store/bodies.py) are a stored shape older releases cannot
-    read: their creates would write under the 1,024 hashes of level 10 of a shard that
-    has split. So a deployment's shards split only once `tw:layout` says `bodies: split`:
+    Body hashes that split (store/bodies.py) and distant buckets (lua/lib/wheel.lua) are
+    stored shapes older releases cannot read: their creates would write under the 1,024
+    hashes of level 10 of a shard that has split, and their cancels would not find a run
+    in a distant bucket. So a deployment's shards grow only once `tw:layout` says
+    `bodies: split`:
     written by the process that creates the deployment, or by one that starts while no
     Function library but its own (`library`) is loaded, that is once the old versions
     are removed after a rolling upgrade (docs/operations/upgrading.md). Every process
-    then marks every shard's meta (`body_grow`), which the library reads.
+    then marks every shard's meta (`grow`), which the library reads.
 
     Raises:
         ConfigError: the deployment was created with another shard count or bucket width.
@@ -55,7 +58,7 @@ async def ensure_layout(client: RedisClient, settings: Settings, library: str) -
         await client.hset(key, "bodies", "split")
         split = True
     if split:
-        await _let_bodies_split(client, settings)
+        await _let_shards_grow(client, settings)
 
 
 async def _only_library(client: RedisClient, library: str) -> bool:
@@ -81,16 +84,17 @@ async def _only_library(client: RedisClient, library: str) -> bool:
     return True
 
 
-async def _let_bodies_split(client: RedisClient, settings: Settings) -> None:
-    """Mark every shard's meta: its body hashes may split (lua/lib/bodies.lua)."""
+async def _let_shards_grow(client: RedisClient, settings: Settings) -> None:
+    """Mark every shard's meta: its body hashes may split and its runs wait in distant
+    buckets (lua/lib/bodies.lua, lua/lib/wheel.lua)."""
     keys = Keys(settings.prefix)
     try:
         pipe: Any = client.pipeline(transaction=False)
         for shard in range(settings.shards):
-            pipe.hset(keys.meta(shard), "body_grow", 1)
+            pipe.hset(keys.meta(shard), "grow", 1)
         await pipe.execute()
     except (RedisError, OSError) as exc:
-        raise RedisUnavailable(f"cannot mark the shards' body layout: {exc}") from exc
+        raise RedisUnavailable(f"cannot mark the shards' layout: {exc}") from exc
 
 
 async def check_durability(client: RedisClient, settings: Settings) -> None:

@@ -9,6 +9,10 @@ from timewheel.store.bodies import BodyLayout
 
 WHEEL_LEVELS = 4
 """A far bucket and its children, level by level (lua/lib/wheel.lua WHEEL_LEVELS)."""
+WHEEL_DISTANT = 16
+"""A distant bucket's width in far buckets (lua/lib/wheel.lua WHEEL_DISTANT) ..."""
+WHEEL_DISTANT_MIN_MS = 3_600_000
+"""... and an hour at least (WHEEL_DISTANT_MIN_MS)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +59,23 @@ class Keys:
         base = self.bucket(shard, bucket_start_ms)
         digest = hashlib.sha1(member.encode()).hexdigest()
         return [base] + [f"{base}:{digest[:level]}" for level in range(1, WHEEL_LEVELS)]
+
+    def distant(self, shard: int) -> str:
+        """ZSET of distant bucket starts (lua/lib/wheel.lua)."""
+        return self.tag(shard) + "distant"
+
+    def far_path(self, shard: int, due_ms: int, bucket_ms: int, member: str) -> list[str]:
+        """Every bucket a run due at `due_ms` may wait in: its far bucket's path
+        (bucket_path), then its distant bucket's (``wd:<start>`` and its children, a
+        bucket WHEEL_DISTANT far buckets wide, an hour at least)."""
+        width = max(bucket_ms * WHEEL_DISTANT, WHEEL_DISTANT_MIN_MS)
+        digest = hashlib.sha1(member.encode()).hexdigest()
+        distant = f"{self.tag(shard)}wd:{due_ms - due_ms % width}"
+        return (
+            self.bucket_path(shard, due_ms - due_ms % bucket_ms, member)
+            + [distant]
+            + [f"{distant}:{digest[:level]}" for level in range(1, WHEEL_LEVELS)]
+        )
 
     @staticmethod
     def bucket_member(run_id: str) -> str:

@@ -89,8 +89,8 @@ READ_ONLY = (
 LIBS = (
     "hash",
     "clock",
-    "wheel",
     "bodies",
+    "wheel",
     "record",
     "usage",
     "wake",

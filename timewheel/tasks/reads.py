@@ -64,15 +64,14 @@ async def get(store: Store, tenant: str, task_id: str) -> Task:
 
 
 def _far_lookups(pipe: Any, store: Store, shard: int, task: Task) -> None:
-    """HEXISTS of the run in each far bucket of its path (a full bucket's children:
-    store/keys.py bucket_path), FAR_LOOKUPS replies."""
-    due = task.due_ms
+    """HEXISTS of the run in each far and distant bucket of its path (store/keys.py
+    far_path), FAR_LOOKUPS replies."""
     member = Keys.bucket_member(task.run_id)
-    for key in store.keys.bucket_path(shard, due - due % store.settings.bucket_ms, member):
+    for key in store.keys.far_path(shard, task.due_ms, store.settings.bucket_ms, member):
         pipe.hexists(key, member)
 
 
-FAR_LOOKUPS = WHEEL_LEVELS
+FAR_LOOKUPS = 2 * WHEEL_LEVELS
 
 
 async def _parked_score(store: Store, shard: int, task: Task) -> Any:

@@ -8,6 +8,7 @@
 --       tenant of the due index (its score: the earliest due, or the next token's time
 --       while dispatch_rate holds the tenant back); rate and tokens from the rates and
 --       tokens hashes ('-' for a tenant without dispatch_rate)
+--   'distant <buckets> <runs>'   the distant buckets (lua/lib/wheel.lua)
 --   'far <buckets> <runs>'
 --   'bucket <name> <start iso> <runs> <earliest due iso>', oldest first, at most
 --       ARGV[2] of them; the name is the start ms, or '<start ms>:<hex>' for a child of a
@@ -46,6 +47,12 @@ out[#out + 1] = tw_line('near', tw_int(#tenants / 2), tw_int(runs), tw_int(due))
 for _, line in ipairs(lines) do
   out[#out + 1] = line
 end
+
+local distant, distant_runs = redis.call('ZRANGE', tag .. 'distant', 0, -1), 0
+for _, name in ipairs(distant) do
+  distant_runs = distant_runs + redis.call('HLEN', tag .. 'wd:' .. name)
+end
+out[#out + 1] = tw_line('distant', tw_int(#distant), tw_int(distant_runs))
 
 local buckets = redis.call('ZRANGE', tag .. 'wheel', 0, -1, 'WITHSCORES')
 lines, runs = {}, 0
