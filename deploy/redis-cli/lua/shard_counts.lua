@@ -1,7 +1,7 @@
 -- What waits in one shard. KEYS[1] the shard's meta; ARGV[1] bucket_ms.
 -- Answers: 'shard pending near far due unacked next_due owner'
 --   pending   scheduled runs in the wheel (near + far)
---   near/far  runs in the near level / in far buckets
+--   near/far  runs in the near level / in far (and distant) buckets
 --   due       runs due by the shard's clock, in either level (a due run in a far bucket
 --             waits for the promoter); a far bucket of more than 1,024 runs that has
 --             started counts whole
@@ -51,6 +51,16 @@ for j = 1, #wheel, 2 do
   if first then
     next_due = b_earliest
   end
+end
+
+-- Distant buckets (lua/lib/wheel.lua): hours away, counted in far; with nothing nearer,
+-- the next due time is the first one's start.
+local distant = redis.call('ZRANGE', tag .. 'distant', 0, -1, 'WITHSCORES')
+for j = 1, #distant, 2 do
+  far = far + redis.call('HLEN', tag .. 'wd:' .. distant[j])
+end
+if next_due == nil and distant[2] then
+  next_due = tonumber(distant[2])
 end
 
 local streams, unacked = {}, 0
