@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import structlog
+from redis.exceptions import ConnectionError, RedisClusterException, TimeoutError
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -22,6 +23,11 @@ from timewheel.errors import (
 )
 
 log = structlog.get_logger("timewheel.api")
+
+OUTAGE = (ConnectionError, TimeoutError, OSError, RedisClusterException)
+"""Redis out of reach, where a handler did not say so itself: a 503 like RedisUnavailable
+(redis-py's Cluster client raises RedisClusterException, which is no RedisError, once no
+node answers)."""
 
 STATUS: tuple[tuple[type[TimewheelError], int], ...] = (
     (PayloadTooLarge, 413),
@@ -78,6 +84,8 @@ def response_for(request: Request, exc: Exception) -> Response:
         if isinstance(exc, OverLimit) and exc.retry_after_s is not None:
             headers = {"Retry-After": str(exc.retry_after_s)}
         return JSONResponse({"error": error_body(exc)}, status_code=status, headers=headers)
+    if isinstance(exc, OUTAGE):
+        return response_for(request, RedisUnavailable(f"Redis is out of reach: {exc}"))
     if isinstance(exc, HTTPException):
         codes = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
         return error_response(exc.status_code, codes.get(exc.status_code, "http_error"), exc.detail)
