@@ -89,10 +89,10 @@ async def _let_shards_grow(client: RedisClient, settings: Settings) -> None:
     buckets (lua/lib/bodies.lua, lua/lib/wheel.lua)."""
     keys = Keys(settings.prefix)
     try:
-        pipe: Any = client.pipeline(transaction=False)
+        # One HSET at a time, once per process start: a Cluster pipeline here left the
+        # api's cluster client unable to find a Cluster rebuilt on the same ports later.
         for shard in range(settings.shards):
-            pipe.hset(keys.meta(shard), "grow", 1)
-        await pipe.execute()
+            await client.hset(keys.meta(shard), "grow", 1)
     except (RedisError, OSError) as exc:
         raise RedisUnavailable(f"cannot mark the shards' layout: {exc}") from exc
 
