@@ -64,7 +64,7 @@ for i = 0, n - 1 do
     else
       wheel_retain(tag, run_id, finished_ms, bucket_ms)
     end
-    record_create(bkey, run_id, record_pack(r))
+    record_create(tag, run_id, record_pack(r))
     written = written + 1
   end
 end

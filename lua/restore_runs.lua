@@ -44,7 +44,7 @@ for i = 0, n - 1 do
   local updated = opt(updated_ms)
   local r = { ST_SCHEDULED, tonumber(attempt), due_ms, tenant, queue, tonumber(created_ms),
     payload, opt(opts), updated and tonumber(updated), opt(last_error), opt(sid), nil }
-  if record_create(body_key(tag, run_id), run_id, record_pack(r)) == 1 then
+  if record_create(tag, run_id, record_pack(r)) == 1 then
     wheel_place(tag, meta_key, run_id, tenant, due_ms, bucket_ms)
     if usage_counted(r) then
       usage_tally(tally, tenant, queue, #payload)

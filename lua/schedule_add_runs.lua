@@ -73,7 +73,7 @@ for _, run in ipairs(runs) do
   local run_id, due = run[1], run[2]
   local rec = record_pack({ ST_SCHEDULED, 0, due, tenant, s.queue, now, s.payload, opts_json,
     nil, nil, sid, nil })
-  if record_create(body_key(tag, run_id), run_id, rec) == 1 then
+  if record_create(tag, run_id, rec) == 1 then
     if wheel_place(tag, meta_key, run_id, tenant, due, bucket_ms) == 1 then
       wake = 1
     end

@@ -102,12 +102,11 @@ for i = 0, n - 1 do
     if opts == '' then
       opts = nil
     end
-    local bkey = body_key(tag, run_id)
     -- HSETNX is the existence check and the write in one call (the common case).
     local record = record_pack({ ST_SCHEDULED, 0, due_ms, tenant, queue, now, payload, opts,
       nil, nil, nil, nil })
-    if record_create(bkey, run_id, record) == 0 then
-      local existing, raw = record_load(bkey, run_id)
+    if record_create(tag, run_id, record) == 0 then
+      local existing, raw = record_load(body_key(tag, run_id), run_id)
       if idempotent == '1' and existing[R_TENANT] == tenant then
         -- A sent run's record does not say so (lib/record.lua): answer it as it is.
         replies[i + 1] = { 0, existing.sent and record_pack(existing) or raw }

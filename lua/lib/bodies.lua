@@ -176,7 +176,10 @@ local function body_settle(tag)
   b.bits, b.split, b.settled, b.keys = bits, 0, true, {}
 end
 
--- Split hash (bits, split): its records go to its two children by the next bit.
+-- Split hash (bits, split): its records go to its two children by the next bit. Where
+-- the two levels leave out as many characters (four splits in five), the hash is renamed
+-- to its first child and only the records of the second move (HKEYS, then HMGET, HSET
+-- and HDEL of those); else every record is written again with its shorter field.
 local function body_split(tag)
   local b = BODY
   local level, v = b.bits, b.split
@@ -190,29 +193,58 @@ local function body_split(tag)
   end
   b.keys = {}
   redis.call('HSET', tag .. 'meta', 'body_bits', b.bits, 'body_split', b.split)
-  local flat = redis.call('HGETALL', from)
-  if #flat == 0 then
+  if keep ~= math.floor((level + 1) / 5) then
+    local flat = redis.call('HGETALL', from)
+    if #flat == 0 then
+      return
+    end
+    redis.call('DEL', from)
+    local into = {}
+    for i = 1, #flat, 2 do
+      -- '000' stands for the shard characters, which placement does not read.
+      local _, key, field = body_locate(tag, body_run_id('000', dropped, flat[i]))
+      local args = into[key]
+      if args == nil then
+        args = { key }
+        into[key] = args
+      end
+      args[#args + 1] = field
+      args[#args + 1] = flat[i + 1]
+      if #args > 400 then
+        redis.call('HSET', unpack(args))
+        into[key] = nil
+      end
+    end
+    for _, args in pairs(into) do
+      redis.call('HSET', unpack(args))
+    end
     return
   end
-  redis.call('DEL', from)
-  local into = {}
-  for i = 1, #flat, 2 do
-    -- '000' stands for the shard characters, which placement does not read.
-    local _, key, field = body_locate(tag, body_run_id('000', dropped, flat[i]))
-    local args = into[key]
-    if args == nil then
-      args = { key }
-      into[key] = args
-    end
-    args[#args + 1] = field
-    args[#args + 1] = flat[i + 1]
-    if #args > 400 then
-      redis.call('HSET', unpack(args))
-      into[key] = nil
+  local fields = redis.call('HKEYS', from)
+  if #fields == 0 then
+    return
+  end
+  local low = tag .. body_name(level + 1, v)
+  redis.call('RENAME', from, low)
+  local high = tag .. body_name(level + 1, v + BODY_K.POW[level])
+  local bit, moving = BODY_K.POW[level], {}
+  for i = 1, #fields do
+    local field = fields[i]
+    local at = string.find(field, '@', 1, true)
+    local task = (at and string.sub(field, 1, at - 1) or field) .. dropped
+    if math.floor(body_low_bits(task) / bit) % 2 == 1 then
+      moving[#moving + 1] = field
     end
   end
-  for _, args in pairs(into) do
+  for i = 1, #moving, 200 do
+    local part = { unpack(moving, i, math.min(i + 199, #moving)) }
+    local raws = redis.call('HMGET', low, unpack(part))
+    local args = { high }
+    for j = 1, #part do
+      args[2 * j], args[2 * j + 1] = part[j], raws[j]
+    end
     redis.call('HSET', unpack(args))
+    redis.call('HDEL', low, unpack(part))
   end
 end
 

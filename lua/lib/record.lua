@@ -19,8 +19,8 @@
 --   record_owned(bkey, run_id, tenant) -> r   record_load, nil if another tenant's.
 --   record_scheduled(bkey, run_id, tenant) -> r | nil, refusal   a tenant's run that is
 --       still scheduled, or the NOT_FOUND / INVALID_STATE reply.
---   record_pack(r) -> raw;  record_create(bkey, run_id, raw) -> 1 | 0 (HSETNX; a new
---       record counts in the shard's body layout, lib/bodies.lua);
+--   record_pack(r) -> raw;  record_create(tag, run_id, raw) -> 1 | 0 (HSETNX into the
+--       run's body hash; a new record counts in the shard's body layout, lib/bodies.lua);
 --   record_put(bkey, run_id, raw);  record_save(bkey, run_id, r, field) -> raw (field:
 --       the run's field in bkey when the caller has it, else worked out);
 --   record_delete(bkey, run_id).
@@ -148,17 +148,16 @@ end
 
 -- Write a packed record only if the run has none: 1 if written, 0 if one was there.
 -- A new record counts in the shard's body layout, which may split a hash (lib/bodies.lua);
--- a shard's first record settles its layout, and bkey is then worked out again.
-local function record_create(bkey, run_id, raw)
-  local tag = body_tag()
-  if not BODY.settled then
+-- a shard's first record settles its layout.
+local function record_create(tag, run_id, raw)
+  if not body_layout(tag).settled then
     body_settle(tag)
-    bkey = body_key(tag, run_id)
   end
-  if redis.call('HSETNX', bkey, body_field(run_id), raw) == 0 then
+  local _, key, field = body_locate(tag, run_id)
+  if redis.call('HSETNX', key, field, raw) == 0 then
     return 0
   end
-  body_added(tag, bkey, run_id)
+  body_added(tag, key, run_id)
   return 1
 end
 

@@ -151,7 +151,7 @@ local function schedule_plan(ctx, sid, s, fires, after)
     else
       local rec = record_pack({ ST_SCHEDULED, 0, due, s.tenant, s.queue, ctx.now, s.payload,
         head .. string.format('%d', nxt) .. '}', nil, nil, sid, nil })
-      if record_create(body_key(tag, run_id), run_id, rec) == 1 then
+      if record_create(tag, run_id, rec) == 1 then
         if wheel_place(tag, tag .. 'meta', run_id, s.tenant, due, ctx.bucket_ms) == 1 then
           ctx.wake = 1
         end
