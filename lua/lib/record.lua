@@ -256,8 +256,12 @@ local function record_retried(raw, r, due_packed, now_packed, error_packed, head
   end
   local head = heads and heads[attempt] or record_head(heads, ST_SCHEDULED, attempt)
   -- Offsets are 0-based: past tenant, queue, created, payload and opts; -1 if the record
-  -- ends there or before.
-  local at = cmsgpack.unpack_limit(raw, 5, 2 + due_size)
+  -- ends there or before. A record with no value past opts (as r, unpacked from raw,
+  -- tells; a run's first failure) ends there or before: nothing to look for.
+  local at = -1
+  if r[R_UPDATED] ~= nil or r[R_ERROR] ~= nil or r[R_SCHEDULE] ~= nil or r[R_DEAD] ~= nil then
+    at = cmsgpack.unpack_limit(raw, 5, 2 + due_size)
+  end
   if at < 0 then
     local n = R_OPTS
     while r[n] == nil do
