@@ -13,12 +13,13 @@
   Derived keys (same tag): t:<xy>, meta, near:<tenant>, parked, park:<tenant>:<queue>,
   due, w:<bucket>, wheel,
   dead:<tenant>, use:<tenant>, and for a schedule's run s:<sid> (lib/retry.lua).
-  Returns: one reply per run, in ARGV's order:
+  Returns: two values per run, in ARGV's order, as one flat array (run i's {code, detail}
+  at 2i - 1 and 2i: Redis converts a nested table of a reply at some 4k instructions):
            {1, due_ms}     back in the wheel for attempt + 1 at due_ms
            {2, entry_id}   dead-lettered (max_attempts reached, or permanent)
-           {0}             the entry was acknowledged but the run had moved on (stale;
+           {0, 0}          the entry was acknowledged but the run had moved on (stale;
                            or the same run earlier in this call)
-           {-1}            NOT_FOUND: no record for this run id in this shard.
+           {-1, 0}         NOT_FOUND: no record for this run id in this shard.
   The retries of one call due before promoted_until go into the near level with one ZADD
   per tenant, and share one event-log entry (e=retry_scheduled,
   runs='id:tenant:attempt:due_ms,...', lib/retry.lua); each dead letter has its own, as before. ]]
@@ -44,19 +45,19 @@ local ctx = {
   retried = { runs = {}, errors = {}, near = {}, marks = {}, n = 0, wake = 0 }, heads = {},
   archived = meta[2], archive_cap = meta[3],
 }
-local replies, handled, numbers = delivery_array(ARGV, n), {}, {}
+local replies, handled, numbers = delivery_array(ARGV, 2 * n), {}, {}
 local at = 8
 for i = 1, n do
   local run_id, text = ARGV[at + 2], ARGV[at + 3]
   local attempt = numbers[text] or delivery_number(numbers, text)
   if handled[run_id] then
-    replies[i] = { 0 }
+    replies[2 * i - 1], replies[2 * i] = 0, 0
   else
     local r, bkey, field, raw = record_of(i)
     if r == nil then
-      replies[i] = { -1 }
+      replies[2 * i - 1], replies[2 * i] = -1, 0
     elseif not delivery_live(r, attempt) then
-      replies[i] = { 0 }
+      replies[2 * i - 1], replies[2 * i] = 0, 0
     else
       ctx.field, ctx.raw, ctx.error, ctx.permanent = field, raw, ARGV[at + 4], ARGV[at + 5] == '1'
       local delay = ARGV[at + 6]
@@ -64,7 +65,7 @@ for i = 1, n do
       ctx.rand = tonumber(ARGV[at + 7])
       local outcome, detail = retry_or_bury(tag, bkey, run_id, r, ctx)
       handled[run_id] = true
-      replies[i] = { outcome == 'retry' and 1 or 2, detail }
+      replies[2 * i - 1], replies[2 * i] = outcome == 'retry' and 1 or 2, detail
     end
   end
   at = at + 8

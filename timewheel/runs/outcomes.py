@@ -72,8 +72,8 @@ def _one_ack(run_id: str) -> Any:
 
 def _one_fail(run_id: str) -> Any:
     def decode(reply: list[Any]) -> FailResult:
-        check(reply[0], run_id=run_id, action="fail")
-        return _fail_result(reply[0])
+        check(reply, run_id=run_id, action="fail")
+        return _fail_result(reply)
 
     return decode
 
@@ -84,8 +84,12 @@ def _ack_codes(reply: list[Any]) -> list[bool]:
 
 
 def _fail_results(reply: list[Any]) -> list[FailResult]:
-    """A batched fail's answers: a run whose record is gone counts as stale."""
-    return [_fail_result(r) if int(r[0]) >= 0 else FailResult("stale") for r in reply]
+    """A batched fail's answers, from its flat reply (code and detail of each run in
+    turn): a run whose record is gone counts as stale."""
+    return [
+        _fail_result(reply[i : i + 2]) if int(reply[i]) >= 0 else FailResult("stale")
+        for i in range(0, len(reply), 2)
+    ]
 
 
 def by_shard(
