@@ -18,7 +18,9 @@
 --       batch's runs, read up front with one ZMSCORE per tenant for the sent test
 --       (record_sent), and one HLEN of the shard's parked pairs, so a shard with none (the
 --       usual case) pays no park lookup per run;
---       load(i) -> r, bkey, field, raw is run i's record as record_load gives it,
+--       load(i) -> r, bkey, field, raw is run i's record as record_load gives it (a
+--       sent run's state and attempt; but without r.sent, which neither caller reads and
+--       which would give every record table a hash part),
 --       where it lives (run_place, worked out once per run) and the record as stored. A
 --       run met a second time in the call, and a schedule's run (whose end may put
 --       another run of the schedule back in the wheel), is read again when its turn comes.
@@ -118,7 +120,7 @@ local function delivery_loader(tag, argv, first, width, n, promoted_until)
       r = nil
     elseif r[R_STATE] == ST_SCHEDULED and
         record_sent(tag, run_id, r, promoted_until, near[run_id] == true, parked) then
-      r[R_STATE], r[R_ATTEMPT], r.sent = ST_DISPATCHED, r[R_ATTEMPT] + 1, true
+      r[R_STATE], r[R_ATTEMPT] = ST_DISPATCHED, r[R_ATTEMPT] + 1
     end
     seen[run_id] = true
     return r, bkey, fields[i], raw
