@@ -118,8 +118,12 @@ local function delivery_loader(tag, argv, first, width, n, promoted_until)
       r, raw = record_load(bkey, run_id, promoted_until)
     elseif not r then
       r = nil
-    elseif r[R_STATE] == ST_SCHEDULED and
-        record_sent(tag, run_id, r, promoted_until, near[run_id] == true, parked) then
+    elseif r[R_STATE] == ST_SCHEDULED and not near[run_id] and
+        -- record_sent's answer, without the call in the usual case: a run in no near
+        -- level, in a shard with no parked run, due before promoted_until (so in no far
+        -- bucket) and of no schedule (a schedule's run is read again above) was sent.
+        ((parked == false and r[R_DUE] < promoted_until) or
+          record_sent(tag, run_id, r, promoted_until, false, parked)) then
       r[R_STATE], r[R_ATTEMPT] = ST_DISPATCHED, r[R_ATTEMPT] + 1
     end
     seen[run_id] = true
