@@ -28,6 +28,7 @@ local defaults, bucket_ms = cjson.decode(ARGV[2]), tonumber(ARGV[3])
 local now_override, event_cap, wake_channel, shard = ARGV[4], ARGV[5], ARGV[6], ARGV[7]
 local tag = string.sub(events_key, 1, -7)
 
+--!include lib/record.lua
 --!include lib/delivery.lua
 --!include lib/clock.lua
 --!include lib/retry.lua
@@ -56,7 +57,7 @@ for i = 1, n do
     local r, bkey, field, raw = record_of(i)
     if r == nil then
       replies[2 * i - 1], replies[2 * i] = -1, 0
-    elseif not delivery_live(r, attempt) then
+    elseif r[R_STATE] ~= ST_DISPATCHED or r[R_ATTEMPT] ~= attempt then  -- delivery_live
       replies[2 * i - 1], replies[2 * i] = 0, 0
     else
       ctx.field, ctx.raw, ctx.error, ctx.permanent = field, raw, ARGV[at + 4], ARGV[at + 5] == '1'

@@ -54,7 +54,8 @@ local function retry_backoff_ms(p, attempt, rand)
   elseif p.jitter == 'proportional' then
     d = d * (0.8 + 0.4 * rand)
   end
-  return math.floor(d * 1000)
+  local ms = d * 1000
+  return ms - ms % 1  -- math.floor(ms), without a call
 end
 
 -- Move a run that was dispatched and failed: back into the wheel, or into the tenant's
