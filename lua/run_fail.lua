@@ -5,11 +5,11 @@
   ARGV[1] consumer group   ARGV[2] retry defaults JSON {max_attempts, initial_s, factor,
   max_s, jitter}   ARGV[3] bucket_ms   ARGV[4] now_ms override ('' = TIME)
   ARGV[5] event log cap   ARGV[6] wake channel ('' = none)   ARGV[7] shard number (the wake
-  message)
-  ARGV[8..] eight per run: stream (its index among KEYS[2..]: 1 = KEYS[2]), stream entry
+  message)   ARGV[8] rand seed in [0, 1): the call's jitter draws, one per run retried or
+  buried, come from it (a number parsed per run was a fiftieth of a retry)
+  ARGV[9..] seven per run: stream (its index among KEYS[2..]: 1 = KEYS[2]), stream entry
   id, run_id, attempt, error text, permanent ('1': dead-letter now, no retry), delay_ms
-  before the retry ('' = the retry policy's backoff; an executor's Retry-After, say),
-  rand in [0, 1) for jitter
+  before the retry ('' = the retry policy's backoff; an executor's Retry-After, say)
   Derived keys (same tag): t:<xy>, meta, near:<tenant>, parked, park:<tenant>:<queue>,
   due, w:<bucket>, wheel,
   dead:<tenant>, use:<tenant>, and for a schedule's run s:<sid> (lib/retry.lua).
@@ -26,6 +26,9 @@
 local events_key, group = KEYS[1], ARGV[1]
 local defaults, bucket_ms = cjson.decode(ARGV[2]), tonumber(ARGV[3])
 local now_override, event_cap, wake_channel, shard = ARGV[4], ARGV[5], ARGV[6], ARGV[7]
+-- The jitter draws: MINSTD (state * 48271 mod 2^31 - 1, whose products stay exact in a
+-- double) from the caller's seed, a state in [1, 2^31 - 2].
+local draws = math.floor(tonumber(ARGV[8]) * 2147483646) + 1
 local tag = string.sub(events_key, 1, -7)
 
 --!include lib/record.lua
@@ -33,11 +36,11 @@ local tag = string.sub(events_key, 1, -7)
 --!include lib/clock.lua
 --!include lib/retry.lua
 
-local n = delivery_ack_all(KEYS, ARGV, 8, 8, group)
+local n = delivery_ack_all(KEYS, ARGV, 9, 7, group)
 -- meta, read once: where the near level ends, and the event log's archive mark.
 local meta = redis.call('HMGET', tag .. 'meta', 'promoted_until', 'archived', 'archive_cap')
 local promoted_until = tonumber(meta[1]) or 0
-local record_of = delivery_loader(tag, ARGV, 8, 8, n, promoted_until)
+local record_of = delivery_loader(tag, ARGV, 9, 7, n, promoted_until)
 local now = clock_now_ms(now_override)
 local ctx = {
   now = now, now_packed = cmsgpack.pack(now), defaults = defaults, reason = 'failed',
@@ -47,7 +50,7 @@ local ctx = {
   archived = meta[2], archive_cap = meta[3],
 }
 local replies, handled, numbers = delivery_array(ARGV, 2 * n), {}, {}
-local at = 8
+local at = 9
 for i = 1, n do
   local run_id, text = ARGV[at + 2], ARGV[at + 3]
   local attempt = numbers[text] or delivery_number(numbers, text)
@@ -63,13 +66,14 @@ for i = 1, n do
       ctx.field, ctx.raw, ctx.error, ctx.permanent = field, raw, ARGV[at + 4], ARGV[at + 5] == '1'
       local delay = ARGV[at + 6]
       ctx.delay_ms = delay ~= '' and tonumber(delay) or nil
-      ctx.rand = tonumber(ARGV[at + 7])
+      draws = draws * 48271 % 2147483647
+      ctx.rand = (draws - 1) / 2147483646
       local outcome, detail = retry_or_bury(tag, bkey, run_id, r, ctx)
       handled[run_id] = true
       replies[2 * i - 1], replies[2 * i] = outcome == 'retry' and 1 or 2, detail
     end
   end
-  at = at + 8
+  at = at + 7
 end
 retry_flush(tag, ctx)
 return replies

@@ -22,8 +22,9 @@
 --
 -- policy: the task's own retry fields (record opts JSON, key 'retry') over the
 -- deployment defaults (a table with max_attempts, initial_s, factor, max_s, jitter).
--- rand: a number in [0, 1) from the caller; Redis seeds Lua's math.random identically
--- on every call, so randomness has to come from outside.
+-- rand: a number in [0, 1) from the caller (or drawn from the caller's seed: run_fail,
+-- dispatch_reap); Redis seeds Lua's math.random identically on every call, so randomness
+-- has to come from outside.
 
 local function retry_policy(r, defaults)
   local p = {}

@@ -179,7 +179,12 @@ class Outcomes:
         shard = k.shard_of_key(failures[0].delivery.stream)
         deliveries = [f.delivery for f in failures]
         keys, where = report_keys(k.events(shard), deliveries, range(len(deliveries)))
-        args: list[ScriptArg] = [group, s.retry_defaults_json(), *self.store.shared(shard, now_ms)]
+        args: list[ScriptArg] = [
+            group,
+            s.retry_defaults_json(),
+            *self.store.shared(shard, now_ms),
+            repr(random.random()),
+        ]
         for f, n in zip(failures, where, strict=True):
             d = f.delivery
             args += [
@@ -190,7 +195,6 @@ class Outcomes:
                 f.error[:MAX_ERROR_CHARS],
                 "1" if f.permanent else "0",
                 clock_arg(f.delay_ms),
-                repr(random.random()),
             ]
         return Call(self.store.scripts.run_fail, keys, args, _fail_results)
 
