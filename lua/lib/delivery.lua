@@ -74,15 +74,19 @@ local function delivery_loader(tag, argv, first, width, n, promoted_until)
   local records, keys, fields = delivery_array(argv, n), delivery_array(argv, n),
     delivery_array(argv, n)
   local raws, unsent = delivery_array(argv, n), {}
+  if lib_c.call == nil then
+    lib_c.bind()
+  end
+  local call, unpack_record = lib_c.call, lib_c.unpack
   local at = first + 2
   for i = 1, n do
     local run_id = argv[at]
     at = at + width
     local _, bkey, field = run_place(tag, run_id)
-    local raw = redis.call('HGET', bkey, field)
+    local raw = call('HGET', bkey, field)
     local r = false
     if raw then
-      r = { cmsgpack.unpack(raw) }
+      r = { unpack_record(raw) }
       if r[R_STATE] == ST_SCHEDULED and r[R_SCHEDULE] == nil then
         local tenant = r[R_TENANT]
         local ids = unsent[tenant]

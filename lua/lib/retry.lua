@@ -65,6 +65,10 @@ end
 -- letter, counts in bytes until replay or purge (lib/usage.lua).
 -- Returns 'retry', due_ms   or   'dead', entry_id.
 local function retry_or_bury(tag, bkey, run_id, r, ctx)
+  local c = lib_c
+  if c.call == nil then
+    c.bind()
+  end
   local now, p = ctx.now, nil
   if ctx.policies then
     local opts = r[R_OPTS] or ''
@@ -85,7 +89,7 @@ local function retry_or_bury(tag, bkey, run_id, r, ctx)
     local wake = 0
     if batch then
       -- One integer format, for the event's run list and the near level's score.
-      local due_text = string.format('%d', due)
+      local due_text = c.format('%d', due)
       if due < ctx.promoted_until then
         local placed = batch.near[tenant]
         if placed == nil then
@@ -105,13 +109,13 @@ local function retry_or_bury(tag, bkey, run_id, r, ctx)
       if ctx.raw then
         -- The error packed once while the runs of a call report the same one.
         if ctx.error ~= ctx.packed_error then
-          ctx.packed_error, ctx.error_packed = ctx.error, cmsgpack.pack(ctx.error)
+          ctx.packed_error, ctx.error_packed = ctx.error, c.pack(ctx.error)
         end
-        out = record_retried(ctx.raw, r, cmsgpack.pack(due), ctx.now_packed, ctx.error_packed,
+        out = record_retried(ctx.raw, r, c.pack(due), ctx.now_packed, ctx.error_packed,
           ctx.heads)
       end
       if out then
-        redis.call('HSET', bkey, ctx.field, out)
+        c.call('HSET', bkey, ctx.field, out)
       else
         r[R_ERROR], r[R_UPDATED] = ctx.error, now
         record_save(bkey, run_id, r, ctx.field)
