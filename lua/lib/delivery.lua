@@ -18,7 +18,9 @@
 --       batch's runs, read up front with one ZMSCORE per tenant for the sent test
 --       (record_sent), and one HLEN of the shard's parked pairs, so a shard with none (the
 --       usual case) pays no park lookup per run;
---       load(i) -> r, bkey, field, raw is run i's record as record_load gives it,
+--       load(i) -> r, bkey, field, raw is run i's record as record_load gives it (a
+--       sent run's state and attempt; but without r.sent, which neither caller reads and
+--       which would give every record table a hash part),
 --       where it lives (run_place, worked out once per run) and the record as stored. A
 --       run met a second time in the call, and a schedule's run (whose end may put
 --       another run of the schedule back in the wheel), is read again when its turn comes.
@@ -72,15 +74,19 @@ local function delivery_loader(tag, argv, first, width, n, promoted_until)
   local records, keys, fields = delivery_array(argv, n), delivery_array(argv, n),
     delivery_array(argv, n)
   local raws, unsent = delivery_array(argv, n), {}
+  if lib_c.call == nil then
+    lib_c.bind()
+  end
+  local call, unpack_record = lib_c.call, lib_c.unpack
   local at = first + 2
   for i = 1, n do
     local run_id = argv[at]
     at = at + width
     local _, bkey, field = run_place(tag, run_id)
-    local raw = redis.call('HGET', bkey, field)
+    local raw = call('HGET', bkey, field)
     local r = false
     if raw then
-      r = { cmsgpack.unpack(raw) }
+      r = { unpack_record(raw) }
       if r[R_STATE] == ST_SCHEDULED and r[R_SCHEDULE] == nil then
         local tenant = r[R_TENANT]
         local ids = unsent[tenant]
@@ -116,9 +122,13 @@ local function delivery_loader(tag, argv, first, width, n, promoted_until)
       r, raw = record_load(bkey, run_id, promoted_until)
     elseif not r then
       r = nil
-    elseif r[R_STATE] == ST_SCHEDULED and
-        record_sent(tag, run_id, r, promoted_until, near[run_id] == true, parked) then
-      r[R_STATE], r[R_ATTEMPT], r.sent = ST_DISPATCHED, r[R_ATTEMPT] + 1, true
+    elseif r[R_STATE] == ST_SCHEDULED and not near[run_id] and
+        -- record_sent's answer, without the call in the usual case: a run in no near
+        -- level, in a shard with no parked run, due before promoted_until (so in no far
+        -- bucket) and of no schedule (a schedule's run is read again above) was sent.
+        ((parked == false and r[R_DUE] < promoted_until) or
+          record_sent(tag, run_id, r, promoted_until, false, parked)) then
+      r[R_STATE], r[R_ATTEMPT] = ST_DISPATCHED, r[R_ATTEMPT] + 1
     end
     seen[run_id] = true
     return r, bkey, fields[i], raw

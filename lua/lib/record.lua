@@ -35,6 +35,9 @@
 --       heads (optional): as for record_finish.
 --   record_head(heads, state, attempt) -> bytes   a record's first two bytes for a small
 --       state and attempt (one byte each), made once per attempt into heads (optional).
+--   lib_c   the C functions the per-run paths of a batched report call (sub, byte, format,
+--       pack, unpack, call), for the functions that follow it here and in later helpers;
+--       lib_c.bind() fills it, and each of those functions calls it while lib_c.call is nil.
 local R_STATE, R_ATTEMPT, R_DUE, R_TENANT, R_QUEUE, R_CREATED = 1, 2, 3, 4, 5, 6
 local R_PAYLOAD, R_OPTS, R_UPDATED, R_ERROR, R_SCHEDULE, R_DEAD = 7, 8, 9, 10, 11, 12
 local ST_SCHEDULED, ST_DISPATCHED, ST_SUCCEEDED, ST_CANCELLED, ST_DEAD = 0, 1, 2, 3, 4
@@ -188,6 +191,19 @@ local function record_save(bkey, run_id, r, field)
   return raw
 end
 
+-- C functions that the per-run paths of batched reports call (delivery_loader,
+-- record_retried, retry_or_bury), kept in one table of the library (one local: a chunk
+-- holds at most 200): reading one as a global's field (string.sub, redis.call) costs some
+-- 200 instructions more, a few times per run. A library being loaded cannot reach string,
+-- cmsgpack or redis.call, so they are bound on first use (lib_c.bind), by whichever of
+-- those functions a call reaches first.
+local lib_c = {}
+
+function lib_c.bind()
+  lib_c.sub, lib_c.byte, lib_c.format = string.sub, string.byte, string.format
+  lib_c.pack, lib_c.unpack, lib_c.call = cmsgpack.pack, cmsgpack.unpack, redis.call
+end
+
 -- The nils that fill the places between a record's last value and updated (field 9).
 local RECORD_FILL = { [0] = '', '\192', '\192\192', '\192\192\192', '\192\192\192\192',
   '\192\192\192\192\192', '\192\192\192\192\192\192' }
@@ -246,10 +262,15 @@ local MP_NUMBER_SIZE = { [0xcc] = 2, [0xcd] = 3, [0xce] = 5, [0xcf] = 9, [0xd0] 
 -- (schedule, dead letter) as it is. A record in another form (a longer state, attempt or
 -- due; one ending in a nil, which a whole pack would leave out) gives nil.
 local function record_retried(raw, r, due_packed, now_packed, error_packed, heads)
+  local c = lib_c
+  if c.call == nil then
+    c.bind()
+  end
   local attempt = r[R_ATTEMPT]
-  local first, second, third = string.byte(raw, 1, 3)
+  local byte = c.byte
+  local first, second, third = byte(raw, 1, 3)
   if third == nil or first >= 128 or second >= 128 or attempt < 0 or attempt >= 128 or
-      string.byte(raw, -1) == 192 then
+      byte(raw, -1) == 192 then
     return nil
   end
   local due_size = 1
@@ -261,8 +282,12 @@ local function record_retried(raw, r, due_packed, now_packed, error_packed, head
   end
   local head = heads and heads[attempt] or record_head(heads, ST_SCHEDULED, attempt)
   -- Offsets are 0-based: past tenant, queue, created, payload and opts; -1 if the record
-  -- ends there or before.
-  local at = cmsgpack.unpack_limit(raw, 5, 2 + due_size)
+  -- ends there or before. A record with no value past opts (as r, unpacked from raw,
+  -- tells; a run's first failure) ends there or before: nothing to look for.
+  local at = -1
+  if r[R_UPDATED] ~= nil or r[R_ERROR] ~= nil or r[R_SCHEDULE] ~= nil or r[R_DEAD] ~= nil then
+    at = cmsgpack.unpack_limit(raw, 5, 2 + due_size)
+  end
   if at < 0 then
     local n = R_OPTS
     while r[n] == nil do
@@ -271,7 +296,7 @@ local function record_retried(raw, r, due_packed, now_packed, error_packed, head
     if n < R_QUEUE then
       return nil
     end
-    return head .. due_packed .. string.sub(raw, 3 + due_size) .. RECORD_FILL[R_OPTS - n] ..
+    return head .. due_packed .. c.sub(raw, 3 + due_size) .. RECORD_FILL[R_OPTS - n] ..
       now_packed .. error_packed
   end
   local rest = cmsgpack.unpack_limit(raw, 2, at)

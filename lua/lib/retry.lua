@@ -22,8 +22,9 @@
 --
 -- policy: the task's own retry fields (record opts JSON, key 'retry') over the
 -- deployment defaults (a table with max_attempts, initial_s, factor, max_s, jitter).
--- rand: a number in [0, 1) from the caller; Redis seeds Lua's math.random identically
--- on every call, so randomness has to come from outside.
+-- rand: a number in [0, 1) from the caller (or drawn from the caller's seed: run_fail,
+-- dispatch_reap); Redis seeds Lua's math.random identically on every call, so randomness
+-- has to come from outside.
 
 local function retry_policy(r, defaults)
   local p = {}
@@ -54,7 +55,8 @@ local function retry_backoff_ms(p, attempt, rand)
   elseif p.jitter == 'proportional' then
     d = d * (0.8 + 0.4 * rand)
   end
-  return math.floor(d * 1000)
+  local ms = d * 1000
+  return ms - ms % 1  -- math.floor(ms), without a call
 end
 
 -- Move a run that was dispatched and failed: back into the wheel, or into the tenant's
@@ -63,6 +65,10 @@ end
 -- letter, counts in bytes until replay or purge (lib/usage.lua).
 -- Returns 'retry', due_ms   or   'dead', entry_id.
 local function retry_or_bury(tag, bkey, run_id, r, ctx)
+  local c = lib_c
+  if c.call == nil then
+    c.bind()
+  end
   local now, p = ctx.now, nil
   if ctx.policies then
     local opts = r[R_OPTS] or ''
@@ -83,7 +89,7 @@ local function retry_or_bury(tag, bkey, run_id, r, ctx)
     local wake = 0
     if batch then
       -- One integer format, for the event's run list and the near level's score.
-      local due_text = string.format('%d', due)
+      local due_text = c.format('%d', due)
       if due < ctx.promoted_until then
         local placed = batch.near[tenant]
         if placed == nil then
@@ -103,13 +109,13 @@ local function retry_or_bury(tag, bkey, run_id, r, ctx)
       if ctx.raw then
         -- The error packed once while the runs of a call report the same one.
         if ctx.error ~= ctx.packed_error then
-          ctx.packed_error, ctx.error_packed = ctx.error, cmsgpack.pack(ctx.error)
+          ctx.packed_error, ctx.error_packed = ctx.error, c.pack(ctx.error)
         end
-        out = record_retried(ctx.raw, r, cmsgpack.pack(due), ctx.now_packed, ctx.error_packed,
+        out = record_retried(ctx.raw, r, c.pack(due), ctx.now_packed, ctx.error_packed,
           ctx.heads)
       end
       if out then
-        redis.call('HSET', bkey, ctx.field, out)
+        c.call('HSET', bkey, ctx.field, out)
       else
         r[R_ERROR], r[R_UPDATED] = ctx.error, now
         record_save(bkey, run_id, r, ctx.field)

@@ -159,8 +159,10 @@ async def test_a_batch_of_failures_retries_buries_and_refuses_each_run_on_its_ow
     ]
     call = engine.outcomes.fail_call(failures, GROUP, now_ms=NOW + 1200)
     reply: Any = await engine.store.run(dataclasses.replace(call, decode=lambda r: r))
-    assert [int(r[0]) for r in reply] == [1, 1, 0, 2, 0, -1]
-    assert int(reply[1][1]) == NOW + 1200 + 5_000
+    # One flat array: each run's code and detail in turn.
+    assert [int(code) for code in reply[::2]] == [1, 1, 0, 2, 0, -1]
+    assert int(reply[3]) == NOW + 1200 + 5_000
+    assert [int(detail) for detail in reply[5::6]] == [0, 0]
     t1 = await engine.tasks.get(TENANT, d1.run_id)
     t2 = await engine.tasks.get(TENANT, d2.run_id)
     assert (t1.state, t1.attempt, t1.last_error) == ("scheduled", 1, "RuntimeError: one")

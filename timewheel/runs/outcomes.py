@@ -72,8 +72,8 @@ def _one_ack(run_id: str) -> Any:
 
 def _one_fail(run_id: str) -> Any:
     def decode(reply: list[Any]) -> FailResult:
-        check(reply[0], run_id=run_id, action="fail")
-        return _fail_result(reply[0])
+        check(reply, run_id=run_id, action="fail")
+        return _fail_result(reply)
 
     return decode
 
@@ -84,8 +84,12 @@ def _ack_codes(reply: list[Any]) -> list[bool]:
 
 
 def _fail_results(reply: list[Any]) -> list[FailResult]:
-    """A batched fail's answers: a run whose record is gone counts as stale."""
-    return [_fail_result(r) if int(r[0]) >= 0 else FailResult("stale") for r in reply]
+    """A batched fail's answers, from its flat reply (code and detail of each run in
+    turn): a run whose record is gone counts as stale."""
+    return [
+        _fail_result(reply[i : i + 2]) if int(reply[i]) >= 0 else FailResult("stale")
+        for i in range(0, len(reply), 2)
+    ]
 
 
 def by_shard(
@@ -175,7 +179,12 @@ class Outcomes:
         shard = k.shard_of_key(failures[0].delivery.stream)
         deliveries = [f.delivery for f in failures]
         keys, where = report_keys(k.events(shard), deliveries, range(len(deliveries)))
-        args: list[ScriptArg] = [group, s.retry_defaults_json(), *self.store.shared(shard, now_ms)]
+        args: list[ScriptArg] = [
+            group,
+            s.retry_defaults_json(),
+            *self.store.shared(shard, now_ms),
+            repr(random.random()),
+        ]
         for f, n in zip(failures, where, strict=True):
             d = f.delivery
             args += [
@@ -186,7 +195,6 @@ class Outcomes:
                 f.error[:MAX_ERROR_CHARS],
                 "1" if f.permanent else "0",
                 clock_arg(f.delay_ms),
-                repr(random.random()),
             ]
         return Call(self.store.scripts.run_fail, keys, args, _fail_results)
 
