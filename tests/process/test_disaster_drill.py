@@ -227,6 +227,13 @@ async def run_drill(
         assert {(await engine.tasks.get("a", t)).attempt for t in flight} == {2}
 
         await asyncio.sleep(1.2)  # past the api's 1 s cache of keys and tenants
+
+        async def answers() -> bool:
+            # The api's connections from before the rebuild fail once (503); it then
+            # starts afresh (api/endpoints.py), as a client's retry finds.
+            return (await http.get("/v1/tenants/b", headers=admin)).status_code != 503
+
+        await until("the api answers after the rebuild", answers, timeout_s=10)
         for key in (keys["a1"], keys["b1"], late_key):
             assert (await http.get("/v1/tasks", headers=_bearer(key["key"]))).status_code == 200
         for key in (keys["a2"], keys["b2"]):

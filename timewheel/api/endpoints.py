@@ -14,23 +14,26 @@ Adding endpoints: a resource module (timewheel/api/schedules.py, say) exports a 
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import msgspec
+from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import RedisError
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from timewheel.api.decode import BodyDecoder, QueryDecoder
-from timewheel.api.errors import response_for
+from timewheel.api.errors import OUTAGE, response_for
 from timewheel.api.fields import Body, Query, Schema
 from timewheel.api.metrics import ApiMetrics
 from timewheel.engine import Engine
-from timewheel.errors import Forbidden, NotFound, PayloadTooLarge, Unauthorized
+from timewheel.errors import Forbidden, NotFound, PayloadTooLarge, RedisUnavailable, Unauthorized
 from timewheel.tenants import ADMIN, TENANT, Principal, Tenant, TenantStore
 
 PUBLIC = "public"
@@ -168,10 +171,22 @@ class _EndpointApp:
                 call.params = self.query.decode(request.query_params)
             response = await endpoint.handler(call)
         except Exception as exc:
+            await _start_afresh(state.engine.client, exc)
             response = response_for(request, exc)
         metrics: ApiMetrics = state.metrics
         metrics.observe(endpoint.method, endpoint.path, response.status_code, started)
         return response
+
+
+async def _start_afresh(client: Any, exc: Exception) -> None:
+    """After a request met a Redis outage, a Cluster client drops its connections and
+    topology, so the next request connects afresh from the startup nodes. Its node
+    connections from before a Cluster was rebuilt on the same ports otherwise failed one
+    command each, its own topology refresh included ("Connection closed by server"): 503s
+    with the Cluster up again."""
+    if isinstance(client, RedisCluster) and isinstance(exc, (*OUTAGE, RedisUnavailable)):
+        with contextlib.suppress(*OUTAGE, RedisError):
+            await client.aclose()
 
 
 def _route(endpoint: Endpoint) -> Route:
