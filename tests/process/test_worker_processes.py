@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -139,6 +140,20 @@ def _sample(text: str, name: str, **labels: str) -> float:
     return 0.0
 
 
+def _free_pair() -> int:
+    """A free loopback port whose next port is free too (--processes 2 serves metrics on
+    both), checked by binding it."""
+    for _ in range(100):
+        port = find_free_port()
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+    raise AssertionError("no two free ports side by side on loopback")
+
+
 async def test_processes_share_one_group_restart_a_dead_one_and_stop_together(
     fast: Engine, tmp_path: Path
 ) -> None:
@@ -149,9 +164,7 @@ async def test_processes_share_one_group_restart_a_dead_one_and_stop_together(
         await fast.tasks.create_many(
             [NewTask(tenant=tenant, queue="jobs", delay_ms=0) for _ in range(runs // 2)]
         )
-    port = find_free_port()
-    while find_free_port() == port + 1:  # very unlikely: the next port must be free too
-        port = find_free_port()
+    port = _free_pair()
     notes, log_path = tmp_path / "notes", tmp_path / "supervisor.log"
     env = {**settings_env(fast.settings), "TW_TEST_LOG": str(notes), "TW_TEST_SLEEP_S": "0.01"}
     flags = ["--tenant", "acme", "--tenant", "globex", "--queue", "jobs", "--processes", "2"]
