@@ -40,6 +40,7 @@
 --       children take its place, so a cursor between two hashes stays good.
 --   body_run_id(shard_chars, dropped, field) -> run_id   a field's run id.
 --   body_layout(tag) -> BODY   the shard's layout, read once per call;
+--   body_hash(b, x) -> level, v   the hash holding low bits x;
 --   body_name(level, v) -> name;  body_low_bits(task_id) -> x;  body_reverse(x) -> x'
 --   (bits 0 .. 19 backwards);  body_split(tag)   split the next hash (body_added).
 
@@ -119,17 +120,22 @@ local function body_low_bits(task_id)
   return (((V[a] or 0) * 32 + (V[b] or 0)) * 32 + (V[c] or 0)) * 32 + (V[d] or 0)
 end
 
-local function body_locate(tag, run_id)
-  local b = body_layout(tag)
-  local at = string.find(run_id, '@', 1, true)
-  local task_id = at and string.sub(run_id, 1, at - 1) or run_id
-  local x = body_low_bits(task_id)
+-- The hash (level, v) that holds low bits x in layout b.
+local function body_hash(b, x)
   local level = b.bits
   local v = x % BODY_K.POW[level]
   if v < b.split then
     level = level + 1
     v = x % BODY_K.POW[level]
   end
+  return level, v
+end
+
+local function body_locate(tag, run_id)
+  local b = body_layout(tag)
+  local at = string.find(run_id, '@', 1, true)
+  local task_id = at and string.sub(run_id, 1, at - 1) or run_id
+  local level, v = body_hash(b, body_low_bits(task_id))
   local slot = level * 2097152 + v
   local key = b.keys[slot]
   if key == nil then
@@ -280,13 +286,7 @@ end
 
 local function body_at(tag, position)
   local b = body_layout(tag)
-  local x = body_reverse(position)
-  local level = b.bits
-  local v = x % BODY_K.POW[level]
-  if v < b.split then
-    level = level + 1
-    v = x % BODY_K.POW[level]
-  end
+  local level, v = body_hash(b, body_reverse(position))
   local name = body_name(level, v)
   local keep = math.floor(level / 5)
   local dropped = keep > 0 and string.sub(name, -keep) or ''
