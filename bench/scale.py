@@ -154,6 +154,11 @@ PROGRESS_EVERY_S = 30.0
 CAUGHT_UP_RUNS = 1000
 """Runs sent in 2 s at most by a scheduler that has caught up with a dataset's due runs."""
 MIN_LOAD_RATE = 3000
+AOF_BYTES_PER_CREATE = 400
+"""restart (c): incremental AOF per create of the dataset's shape (397 B measured at 50 M),
+to size its steps; the loop reads the file's size after each."""
+MAX_BOUND_CREATES = 5_000_000
+"""restart (c): the most creates written to reach the policy's bound (a bounded loop)."""
 """The load's deadline assumes at least this many creates/s (28,700/s measured at 5 M)."""
 REPLICA_MARGIN = 1.3
 """takeover: MemAvailable must be this many times the server's used_memory (a replica's
@@ -825,18 +830,64 @@ async def restart(bench: Bench) -> dict[str, Any]:
         if max_incr is not None
         else None
     )
+    worst = await restart_at_the_bound(bench, max_incr) if max_incr is not None else None
     return {
         "policy": policy,
         "after_rewrite": a,
         "with_incremental": b,
         "max_incr_before_auto_rewrite": max_incr,
         "replay_bound_s_estimate": bound,
+        "at_the_bound": worst,
+    }
+
+
+async def restart_at_the_bound(bench: Bench, max_incr: int) -> dict[str, Any]:
+    """The crash the rewrite policy allows at its worst: creates written with automatic
+    rewrites held off until the incremental AOF is as large as the policy lets it grow
+    (just before it would start a rewrite), then kill -9 and the time to PING. The
+    restart reads redis.conf again, so the policy is back after it."""
+    client = bench.client()
+    try:
+        await rewrite(client, bench.args.rewrite_timeout)
+        await client.config_set("auto-aof-rewrite-percentage", 0)
+        step = max(10_000, round(max_incr / AOF_BYTES_PER_CREATE / 4))
+        written, seconds = 0, 0.0
+        sizes = await aof_sizes(client)
+        first = sizes["aof_incr_size"]
+        per_create = float(AOF_BYTES_PER_CREATE)
+        while sizes["aof_incr_size"] < max_incr and written < MAX_BOUND_CREATES:
+            # the last steps only what the bound still lacks (at least 1,000), at the
+            # bytes per create seen so far
+            lacking = (max_incr - sizes["aof_incr_size"]) / per_create
+            count = min(step, max(1_000, round(lacking)))
+            seconds += await write_creates(bench, count)
+            written += count
+            sizes = await aof_sizes(client)
+            per_create = max(1.0, (sizes["aof_incr_size"] - first) / written)
+    finally:
+        await client.aclose()
+    log(
+        f"restart: (c) {written:,} creates, incremental AOF {sizes['aof_incr_size'] / 2**20:.0f}"
+        f" MiB (the policy's bound {max_incr / 2**20:.0f} MiB), then kill -9"
+    )
+    return {
+        **kill_and_start(bench),
+        **sizes,
+        "creates": written,
+        "write_seconds": round(seconds, 1),
+        "bound_bytes": max_incr,
     }
 
 
 def restart_line(r: dict[str, Any]) -> str:
-    a, b = r["after_rewrite"], r["with_incremental"]
+    a, b, c = r["after_rewrite"], r["with_incremental"], r.get("at_the_bound")
     p = r["policy"]
+    worst = (
+        f"; at the policy's bound ({c['aof_incr_size'] / 2**20:.0f} MiB incremental, "
+        f"{c['creates']:,} creates): {c['seconds_to_ping']:.1f} s (measured)"
+        if c
+        else ""
+    )
     return (
         f"SUMMARY scale restart: kill -9 to PING {a['seconds_to_ping']:.1f} s from the base "
         f"file ({a['aof_base_size'] / 2**30:.2f} GiB), {b['seconds_to_ping']:.1f} s with "
@@ -844,7 +895,7 @@ def restart_line(r: dict[str, Any]) -> str:
         f"policy {p['auto-aof-rewrite-percentage']}% / min "
         f"{int(p['auto-aof-rewrite-min-size']) / 2**20:.0f} MiB "
         f"-> incremental at most ~{(r['max_incr_before_auto_rewrite'] or 0) / 2**30:.2f} GiB, "
-        f"restart bound ~{r['replay_bound_s_estimate']} s (estimate)"
+        f"restart bound ~{r['replay_bound_s_estimate']} s (estimate){worst}"
     )
 
 
