@@ -75,6 +75,8 @@ end
 local now = clock_now_ms(now_override)
 local promoted_until = wheel_promoted_until(meta_key)
 local replies, woken, created, tally = {}, 0, {}, {}
+-- The far and distant buckets this call put into, and what they hold (lib/wheel.lua).
+local seen = {}
 for i = 0, n - 1 do
   local a = FIRST + i * GROUP
   local run_id, tenant, queue, due_text, delay_ms, payload, opts, idempotent =
@@ -114,7 +116,8 @@ for i = 0, n - 1 do
         replies[i + 1] = { 2, run_id }
       end
     else
-      local wake = wheel_place(tag, meta_key, run_id, tenant, due_ms, bucket_ms, promoted_until)
+      local wake = wheel_place(tag, meta_key, run_id, tenant, due_ms, bucket_ms, promoted_until,
+        seen)
       woken = math.max(woken, wake)
       created[#created + 1] = run_id .. ':' .. tenant .. ':' .. queue .. ':' .. due_text
       usage_tally(tally, tenant, queue, #payload)

@@ -29,9 +29,11 @@
 --   body_locate(tag, run_id) -> task_id, bkey, field   where a run's record lives.
 --   body_field(run_id) -> field   its field, in the shard body_locate last read.
 --   body_tag() -> tag   that shard's tag.
---   body_added(tag, bkey, run_id) -> bkey   count a record just written; past the load, split
---       the next hash (then the run may have moved: its key now is returned).
---   body_removed(tag)   count a record deleted.
+--   body_added(tag)   count a record just written; body_removed(tag)   one deleted. The
+--       counts of a call go to body_n at its end, in one HINCRBY (body_flush).
+--   body_flush()   add the call's count to body_n and, past the load, split the next
+--       hashes; the library calls it at the end of every call (after the reply is made:
+--       a split moves records, so nothing of the call may hold a body key after it).
 --   body_settle(tag)   give a shard with no body_bits its layout, once it may grow (above).
 --   body_at(tag, position) -> bkey, dropped, next_position   the body hash holding the
 --       position (0 .. 2^20 - 1) of the walk, the characters its fields leave out, and the
@@ -42,7 +44,7 @@
 --   body_layout(tag) -> BODY   the shard's layout, read once per call;
 --   body_hash(b, x) -> level, v   the hash holding low bits x;
 --   body_name(level, v) -> name;  body_low_bits(task_id) -> x;  body_reverse(x) -> x'
---   (bits 0 .. 19 backwards);  body_split(tag)   split the next hash (body_added).
+--   (bits 0 .. 19 backwards);  body_split(tag)   split the next hash (body_flush).
 
 -- Constants, in one table (a library's chunk holds at most 200 locals): records per hash
 -- before the next split; 2^20 hashes at most (four characters of the token); the level
@@ -74,10 +76,10 @@ local BODY_K = {
 }
 
 local BODY = { tag = false, bits = BODY_K.LEGACY_BITS, split = 0, settled = false, grow = false,
-  keys = {} }
+  keys = {}, added = 0 }
 
 local function body_forget()
-  BODY.tag = false
+  BODY.tag, BODY.added = false, 0
 end
 
 local function body_layout(tag)
@@ -254,23 +256,28 @@ local function body_split(tag)
   end
 end
 
-local function body_added(tag, bkey, run_id)
-  local b = body_layout(tag)
-  if not b.settled then
-    return bkey
+local function body_added(tag)
+  if body_layout(tag).settled then
+    BODY.added = BODY.added + 1
   end
-  local n = redis.call('HINCRBY', tag .. 'meta', 'body_n', 1)
-  if b.bits < BODY_K.MAX_BITS and n > BODY_K.LOAD * (BODY_K.POW[b.bits] + b.split) then
-    body_split(tag)
-    local _, key = body_locate(tag, run_id)
-    return key
-  end
-  return bkey
 end
 
 local function body_removed(tag)
   if body_layout(tag).settled then
-    redis.call('HINCRBY', tag .. 'meta', 'body_n', -1)
+    BODY.added = BODY.added - 1
+  end
+end
+
+local function body_flush()
+  local b = BODY
+  local added = b.added
+  if added == 0 or not b.tag then
+    return
+  end
+  b.added = 0
+  local n = redis.call('HINCRBY', b.tag .. 'meta', 'body_n', added)
+  while added > 0 and b.bits < BODY_K.MAX_BITS and n > BODY_K.LOAD * (BODY_K.POW[b.bits] + b.split) do
+    body_split(b.tag)
   end
 end
 

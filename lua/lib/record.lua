@@ -160,7 +160,7 @@ local function record_create(tag, run_id, raw)
   if redis.call('HSETNX', key, field, raw) == 0 then
     return 0
   end
-  body_added(tag, key, run_id)
+  body_added(tag)
   return 1
 end
 

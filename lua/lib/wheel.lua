@@ -16,11 +16,13 @@
 -- Invariant: no far-level entry has due_ms < meta.promoted_until, and no distant bucket
 -- is due for its cascade without the promoter holding back promoted_until for it.
 --
---   wheel_place(tag, meta, run_id, tenant, due_ms, bucket_ms, promoted_until) -> wake
---       put a scheduled run in its level (promoted_until optional);
---       wheel_place_far(tag, run_id, due_ms, bucket_ms) -> wake   into its far bucket (the
---       cascade: never back into a distant one); wheel_put(tag, index, prefix, bucket,
---       member) -> name, new   a member into a bucket of either level, or its path's child.
+--   wheel_place(tag, meta, run_id, tenant, due_ms, bucket_ms, promoted_until, seen) -> wake
+--       put a scheduled run in its level (promoted_until and seen optional: seen, a table
+--       of the buckets a call that only adds put into, spares their HLEN and ZADD);
+--       wheel_place_far(tag, run_id, due_ms, bucket_ms, seen) -> wake   into its far bucket
+--       (the cascade: never back into a distant one); wheel_put(tag, index, prefix, bucket,
+--       member, seen) -> name, new   a member into a bucket of either level, or its path's
+--       child.
 --   wheel_distant_width(bucket_ms) -> ms;  wheel_distant_start(due_ms, bucket_ms) -> text.
 --   wheel_place_near(tag, tenant, placed, n, earliest) -> wake   many runs of one tenant,
 --       each due before promoted_until, into the near level at once (placed[1..n]: {due_ms,
@@ -149,10 +151,19 @@ end
 
 -- A member into bucket `bucket` of index tag..index (keys tag..prefix..name), or the
 -- first child of its path with room once the bucket is full. Returns the name it went
--- to and whether the index took a new entry for it.
-local function wheel_put(tag, index, prefix, bucket, member)
+-- to and whether the index took a new entry for it. `seen` (optional), a table a call
+-- that only adds (task_create) keeps for its placements: the members each bucket it put
+-- into holds, so the next run into the same bucket costs an HSET alone (no HLEN, and no
+-- ZADD: the bucket is indexed already).
+local function wheel_put(tag, index, prefix, bucket, member, seen)
   local name, key = bucket, tag .. prefix .. bucket
-  if redis.call('HLEN', key) >= WHEEL_SPLIT then
+  local held = seen and seen[key]
+  if held ~= nil and held < WHEEL_SPLIT then
+    seen[key] = held + redis.call('HSET', key, member, '')
+    return name, false
+  end
+  held = held or redis.call('HLEN', key)
+  if held >= WHEEL_SPLIT then
     local names = wheel_path(bucket, member)
     for level = 2, WHEEL_LEVELS do
       name, key = names[level], tag .. prefix .. names[level]
@@ -160,15 +171,19 @@ local function wheel_put(tag, index, prefix, bucket, member)
         break
       end
     end
+    redis.call('HSET', key, member, '')
+  elseif seen then
+    seen[key] = held + redis.call('HSET', key, member, '')
+  else
+    redis.call('HSET', key, member, '')
   end
-  redis.call('HSET', key, member, '')
   return name, redis.call('ZADD', tag .. index, bucket, name) == 1
 end
 
-local function wheel_place_far(tag, run_id, due_ms, bucket_ms)
+local function wheel_place_far(tag, run_id, due_ms, bucket_ms, seen)
   -- One integer format instead of three '%.14g' ones when Redis converts the number.
   local bucket = string.format('%d', due_ms - (due_ms % bucket_ms))
-  local name, new = wheel_put(tag, 'wheel', 'w:', bucket, wheel_member(run_id))
+  local name, new = wheel_put(tag, 'wheel', 'w:', bucket, wheel_member(run_id), seen)
   if not new or name ~= bucket then
     return 0  -- the bucket was there already (a child's parent is), so not a new earliest
   end
@@ -182,7 +197,7 @@ end
 -- passed by a caller that places many runs in one call (it does not change within one).
 -- Returns 1 if it became the earliest thing the scheduler has to act on for this shard
 -- (so a sleeping scheduler should be woken), else 0.
-local function wheel_place(tag, meta, run_id, tenant, due_ms, bucket_ms, promoted_until)
+local function wheel_place(tag, meta, run_id, tenant, due_ms, bucket_ms, promoted_until, seen)
   promoted_until = promoted_until or wheel_promoted_until(meta)
   if due_ms < promoted_until then
     local due_key = tag .. 'due'
@@ -204,10 +219,10 @@ local function wheel_place(tag, meta, run_id, tenant, due_ms, bucket_ms, promote
   if start >= promoted_until + width and body_layout(tag).grow then
     -- Past the cascade's reach: a distant bucket, which only the promoter reads (and the
     -- scheduler visits the shard at least once per far bucket, so no wake).
-    wheel_put(tag, 'distant', 'wd:', string.format('%d', start), wheel_member(run_id))
+    wheel_put(tag, 'distant', 'wd:', string.format('%d', start), wheel_member(run_id), seen)
     return 0
   end
-  return wheel_place_far(tag, run_id, due_ms, bucket_ms)
+  return wheel_place_far(tag, run_id, due_ms, bucket_ms, seen)
 end
 
 -- The runs of one tenant that a call (run_fail) puts back in the near level: one ZADD for

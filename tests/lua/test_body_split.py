@@ -112,6 +112,14 @@ async def test_a_shard_grows_by_splits_and_every_record_is_found(engine: Engine)
     for run_id in made[200:210]:
         assert (await engine.tasks.get("acme", run_id)).state == "succeeded"
 
+    # Past retention every record goes, and the count the layout keeps goes with them.
+    gone = at + engine.settings.retention_ms + 10 * engine.settings.bucket_ms
+    for _ in range(100):
+        if not (await engine.dispatch.expire(shard, limit=1_000, now_ms=gone)).more:
+            break
+    assert sum((await hashes(engine, shard)).values()) == 0
+    assert int(await engine.client.hget(engine.keys.meta(shard), "body_n") or 0) == 0
+
 
 async def test_a_listing_misses_nothing_while_hashes_split_between_its_pages(
     engine: Engine,

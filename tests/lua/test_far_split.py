@@ -105,3 +105,27 @@ async def test_a_full_bucket_splits_and_every_run_is_found_moved_and_sent_once(
     assert max(sent.values()) == 1
     assert await far_buckets(engine, shard) == {}
     assert await engine.client.zcard(engine.keys.wheel(shard)) == 0
+
+
+async def test_a_bucket_fills_within_one_call_and_the_rest_of_the_call_goes_to_children(
+    engine: Engine,
+) -> None:
+    """A batch counts what it puts into a bucket (one HLEN per bucket and call), so the
+    split falls where the bucket is full even in the middle of a call, and a bucket a call
+    put into before is indexed once."""
+    await prime(engine)
+    shard = engine.store.shards_of("acme")[0]
+    due = NOW + 30 * 60_000
+    start = str(due - due % engine.settings.bucket_ms)
+    ids = await create(engine, 700, due)  # 500, then 200: 700 in the bucket
+    ids += await create(engine, 500, due)  # 300 more fill it, 200 go to children
+    buckets = await far_buckets(engine, shard)
+    assert buckets[start] == SPLIT
+    assert sum(buckets.values()) == 1_200
+    assert all(":" in name and len(name.split(":")[1]) == 1 for name in buckets if name != start)
+    index = await engine.client.zrange(engine.keys.wheel(shard), 0, -1)
+    assert sorted(index) == sorted(name.encode() for name in buckets)
+    for run_id in ids[:3] + ids[-3:]:
+        assert (await engine.tasks.get("acme", run_id)).state == "scheduled"
+    report = await audit(engine, NOW)
+    assert report.clean, report.findings[:5]

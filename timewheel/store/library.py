@@ -158,17 +158,20 @@ class Library:
         for op, body in bodies.items():
             # The operation's chunk becomes a function of (KEYS, ARGV): its top-level
             # locals are per call, the helpers above are the library's, built once. What
-            # lib/bodies.lua keeps of the shard it read is forgotten at every call's start.
+            # lib/bodies.lua keeps of the shard it read is forgotten at every call's start,
+            # and the records the call added or deleted are counted at its end.
             name = function_name(version, op)
+            call = (
+                f"function(KEYS, ARGV)\nbody_forget()\nlocal reply = op_{op}(KEYS, ARGV)\n"
+                "body_flush()\nreturn reply\nend"
+            )
             register = (
-                f"redis.register_function{{function_name='{name}', callback=op_{op}, "
+                f"redis.register_function{{function_name='{name}', callback={call}, "
                 "flags={'no-writes'}}"
                 if op in READ_ONLY
-                else f"redis.register_function('{name}', op_{op})"
+                else f"redis.register_function('{name}', {call})"
             )
-            parts.append(
-                f"local function op_{op}(KEYS, ARGV)\nbody_forget()\n{body}\nend\n{register}"
-            )
+            parts.append(f"local function op_{op}(KEYS, ARGV)\n{body}\nend\n{register}")
         return cls(f"timewheel_{version}", version, "\n".join(parts) + "\n")
 
     async def load(self, client: RedisClient) -> None:
