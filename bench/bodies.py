@@ -146,8 +146,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tasks", type=int, default=781_250, help="pending tasks in the shard")
     parser.add_argument("--runs", type=int, default=100_000, help="runs made due and dispatched")
     parser.add_argument("--pairs", type=int, default=2, help="fixed/split pairs, interleaved")
+    parser.add_argument(
+        "--layouts",
+        default="fixed,split",
+        help="comma list of fixed, split (split alone: to compare the code under PYTHONPATH "
+        "against another checkout's, pair by pair)",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
+    layouts = [name for name in args.layouts.split(",") if name]
+    if not layouts or set(layouts) - {"fixed", "split"}:
+        parser.error("--layouts takes fixed and/or split")
     root = Path(tempfile.mkdtemp(prefix="tw-bench-bodies-"))
     print(
         f"bodies bench: {args.tasks:,} pending tasks in one shard ({PAYLOAD_BYTES} B payloads), "
@@ -157,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     results = []
     for _ in range(args.pairs):
-        for layout in ("fixed", "split"):
+        for layout in layouts:
             r = asyncio.run(one(layout, args, root))
             results.append(r)
             print(

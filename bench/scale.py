@@ -1295,7 +1295,7 @@ def main(argv: list[str] | None = None) -> int:
                     for k, v in bench.server.config().items()
                     if k not in ("port", "bind", "dir", "logfile", "pidfile")
                 },
-                "rewrite_policy": "Redis defaults, as deploy/redis.conf leaves them",
+                "rewrite_policy": "as deploy/redis.conf sets it (server_config)",
             },
             "runs": [run_record],
             "parts": results,
