@@ -32,8 +32,9 @@
 --   body_added(tag)   count a record just written; body_removed(tag)   one deleted. The
 --       counts of a call go to body_n at its end, in one HINCRBY (body_flush).
 --   body_flush()   add the call's count to body_n and, past the load, split the next
---       hashes; the library calls it at the end of every call (after the reply is made:
---       a split moves records, so nothing of the call may hold a body key after it).
+--       hashes (at most one per record added); the library calls it at the end of every
+--       call (after the reply is made: a split moves records, so nothing of the call may
+--       hold a body key after it).
 --   body_settle(tag)   give a shard with no body_bits its layout, once it may grow (above).
 --   body_at(tag, position) -> bkey, dropped, next_position   the body hash holding the
 --       position (0 .. 2^20 - 1) of the walk, the characters its fields leave out, and the
@@ -276,8 +277,12 @@ local function body_flush()
   end
   b.added = 0
   local n = redis.call('HINCRBY', b.tag .. 'meta', 'body_n', added)
+  -- At most one split per record the call added: a shard far past its load (one that
+  -- an earlier release filled, settled at level 10) grows a little with every create
+  -- instead of splitting thousands of hashes in one call.
   while added > 0 and b.bits < BODY_K.MAX_BITS and n > BODY_K.LOAD * (BODY_K.POW[b.bits] + b.split) do
     body_split(b.tag)
+    added = added - 1
   end
 end
 

@@ -216,6 +216,13 @@ async def test_a_shard_of_earlier_versions_is_read_as_it_is_and_grows_from_there
     assert {key for key in children} <= {
         BodyLayout(11, 0).at(tag, p).key for p in range(0, WALK_END, WALK_END >> 11)
     }
+    # A shard far past its load splits at most once per record a call adds, not all at
+    # once (a shard an earlier release filled holds hundreds of records a hash).
+    await engine.client.hset(engine.keys.meta(shard), "body_n", 10_000_000)
+    before = await engine.store.body_layout(shard)
+    more += await create(engine, 5, due)
+    after = await engine.store.body_layout(shard)
+    assert (after.bits, after.split) == (before.bits, before.split + 5)
     everything = old + new + more
     for run_id in rng_sample(everything, 200):
         assert (await engine.tasks.get("acme", run_id)).state == "scheduled", run_id
