@@ -89,6 +89,7 @@ from dispatch import (
     latency_latest,
     read_dispatches,
     result_line,
+    server_ms,
     spawn,
     stop_process,
     stream_keys,
@@ -352,9 +353,24 @@ async def delete_ready_streams(client: aioredis.Redis) -> int:
     return len(keys)
 
 
+async def promoted_to_now(engine: Engine) -> bool:
+    """Whether every shard's promoter has reached the present: a scheduler that sends
+    little while its promoter still cascades a backlog out of distant buckets (after a
+    long pause between parts) has not caught up."""
+    client = engine.client
+    assert isinstance(client, aioredis.Redis)  # one redis-server
+    now = await server_ms(client)
+    pipe = client.pipeline(transaction=False)
+    for shard in range(engine.settings.shards):
+        pipe.hget(engine.keys.meta(shard), "promoted_until")
+    reached = await pipe.execute()
+    return all(int(v or 0) >= now for v in reached)
+
+
 async def drain_due(bench: Bench, timeout_s: float) -> dict[str, Any]:
-    """Dispatch what the dataset has due by now (one Scheduler until it has caught up: at
-    most CAUGHT_UP_RUNS sent in the last 2 s, as the dataset's own runs keep falling due,
+    """Dispatch what the dataset has due by now (one Scheduler until it has caught up:
+    every shard promoted to the present and at most CAUGHT_UP_RUNS sent in the last 2 s,
+    as the dataset's own runs keep falling due,
     about 83/s at 50 M over 7 days), then delete the ready streams, so the next part
     starts with none."""
     engine = await Engine.connect(bench.settings())
@@ -372,7 +388,11 @@ async def drain_due(bench: Bench, timeout_s: float) -> dict[str, Any]:
                     task.result()
                     raise RuntimeError("the scheduler stopped early")
                 window.append(scheduler.counters.dispatched)
-                if len(window) == window.maxlen and window[-1] - window[0] <= CAUGHT_UP_RUNS:
+                if (
+                    len(window) == window.maxlen
+                    and window[-1] - window[0] <= CAUGHT_UP_RUNS
+                    and await promoted_to_now(engine)
+                ):
                     break
         finally:
             stop.set()
