@@ -155,12 +155,12 @@ PROGRESS_EVERY_S = 30.0
 CAUGHT_UP_RUNS = 1000
 """Runs sent in 2 s at most by a scheduler that has caught up with a dataset's due runs."""
 MIN_LOAD_RATE = 3000
+"""The load's deadline assumes at least this many creates/s (28,700/s measured at 5 M)."""
 AOF_BYTES_PER_CREATE = 400
 """restart (c): incremental AOF per create of the dataset's shape (397 B measured at 50 M),
 to size its steps; the loop reads the file's size after each."""
 MAX_BOUND_CREATES = 5_000_000
 """restart (c): the most creates written to reach the policy's bound (a bounded loop)."""
-"""The load's deadline assumes at least this many creates/s (28,700/s measured at 5 M)."""
 REPLICA_MARGIN = 1.3
 """takeover: MemAvailable must be this many times the server's used_memory (a replica's
 copy, plus the primary's copy-on-write while it forks the full sync's RDB), and the free

@@ -172,10 +172,11 @@ local function wheel_put(tag, index, prefix, bucket, member, seen)
       end
     end
     redis.call('HSET', key, member, '')
-  elseif seen then
-    seen[key] = held + redis.call('HSET', key, member, '')
   else
-    redis.call('HSET', key, member, '')
+    local added = redis.call('HSET', key, member, '')
+    if seen then
+      seen[key] = held + added
+    end
   end
   return name, redis.call('ZADD', tag .. index, bucket, name) == 1
 end
