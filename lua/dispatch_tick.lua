@@ -130,11 +130,14 @@ local function dispatch(tenant, run_id, streams)
   if state ~= ST_SCHEDULED then
     return nil
   end
+  if queue == nil then
+    queue = 'default'  -- stored short (lib/record.lua record_expand)
+  end
   local r
   if opts and string.find(opts, 'expires_at_ms', 1, true) then
     local expires = cjson.decode(opts).expires_at_ms
     if expires and now > expires then
-      r = { cmsgpack.unpack(raw) }
+      r = record_unpack(raw)
       retry_or_bury(tag, bkey, run_id, r, { now = now, defaults = {}, permanent = true,
         error = 'not dispatched before expires_at', reason = 'expired',
         events_key = events_key, event_cap = event_cap, bucket_ms = bucket_ms })
@@ -159,7 +162,7 @@ local function dispatch(tenant, run_id, streams)
       return nil
     end
   end
-  if sid and not schedule_admit(sched_ctx, bkey, run_id, r or { cmsgpack.unpack(raw) }) then
+  if sid and not schedule_admit(sched_ctx, bkey, run_id, r or record_unpack(raw)) then
     return nil
   end
   if entry == nil then

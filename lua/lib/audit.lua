@@ -42,9 +42,16 @@ local function audit_scan(key, cursor, count)
 end
 
 -- A record is up to 12 msgpack values; the first five must be a state, an attempt, a
--- due time, a tenant and a queue. Bytes that are not msgpack, or msgpack of another
--- shape (any byte below 0x80 alone is a valid number), are not a record.
+-- due time, a tenant and a queue (nil: the queue 'default'; what is stored short is
+-- given in full here as record_expand gives it). Bytes that are not msgpack, or msgpack of
+-- another shape (any byte below 0x80 alone is a valid number), are not a record.
 local function audit_sound(r, n)
+  if r[R_QUEUE] == nil and n >= 5 then
+    r[R_QUEUE] = 'default'
+  end
+  if type(r[R_CREATED]) == 'number' and r[R_CREATED] < 0 and type(r[R_DUE]) == 'number' then
+    r[R_CREATED] = r[R_DUE] + r[R_CREATED]
+  end
   local state = r[R_STATE]
   return n >= 5 and n <= 12 and type(state) == 'number' and state >= ST_SCHEDULED
     and state <= ST_SKIPPED and type(r[R_ATTEMPT]) == 'number' and r[R_ATTEMPT] >= 0

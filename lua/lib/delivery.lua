@@ -86,7 +86,7 @@ local function delivery_loader(tag, argv, first, width, n, promoted_until)
     local raw = call('HGET', bkey, field)
     local r = false
     if raw then
-      r = { unpack_record(raw) }
+      r = record_expand({ unpack_record(raw) })
       if r[R_STATE] == ST_SCHEDULED and r[R_SCHEDULE] == nil then
         local tenant = r[R_TENANT]
         local ids = unsent[tenant]

@@ -1,5 +1,9 @@
 -- Task records. A record is up to 12 msgpack values packed back to back (no array
--- header, trailing nils left out), stored as one field of a per-shard body hash. Python
+-- header, trailing nils left out), stored as one field of a per-shard body hash. Two
+-- values are stored short (records written before hold them in full, and read the same):
+-- the queue named 'default' as nil (1 byte, not 8), and created as created - due, a
+-- negative number (5 bytes, not 9: an absolute time never is), when the run was created
+-- 1 ms to 2^31 ms (24.8 days) before it is due. record_expand and record_pack translate. Python
 -- reads it in timewheel/store/record.py; the field order below is the contract between the two.
 -- Calls lib/wheel.lua and lib/bodies.lua. r below is a record unpacked into a table, indexed by R_*.
 --
@@ -7,6 +11,8 @@
 --   run_place(tag, run_id) -> task_id, bkey, field   where a run's record lives
 --       (lib/bodies.lua body_locate); body_key(tag, run_id) -> bkey and body_field(run_id)
 --       -> field give one part.
+--   record_expand(r) -> r   what a record stores short, in full, in place (queue, created);
+--       record_unpack(raw) -> r   a record's values so.
 --   record_read(bkey, run_id) -> r, raw   the record as stored (nil if none).
 --   record_load(bkey, run_id, promoted_until) -> r, raw   the record as it is: a sent
 --       run says dispatched (promoted_until optional, as for record_sent).
@@ -28,10 +34,11 @@
 --       read from raw (with a sent run's state and attempt), takes `state` and updated = now
 --       (now_packed = cmsgpack.pack(now), once per call) and is written to field of bkey;
 --       heads (optional): a table a call finishing many runs in one state keeps for it.
---   record_retried(raw, r, due_packed, now_packed, error_packed, heads) -> out | nil   the
---       bytes record_pack gives for r, read from raw (with a sent run's state and attempt),
---       once it waits for a retry: state scheduled, due, updated and error taken from the
---       packed values given; nil when raw is not in a form patched (then pack r whole).
+--   record_retried(raw, r, due, due_packed, now_packed, error_packed, heads) -> out | nil
+--       the bytes record_pack gives for r, read from raw (with a sent run's state and
+--       attempt), once it waits for a retry: state scheduled, due (a created time stored
+--       short taken again from it), updated and error taken from the packed values given;
+--       nil when raw is not in a form patched (then pack r whole).
 --       heads (optional): as for record_finish.
 --   record_head(heads, state, attempt) -> bytes   a record's first two bytes for a small
 --       state and attempt (one byte each), made once per attempt into heads (optional).
@@ -55,6 +62,23 @@ local function body_key(tag, run_id)
   return key
 end
 
+-- What a record stores short, in full: the queue 'default' (stored as nil) and its
+-- created time (stored as created - due when negative). r is changed in place.
+local function record_expand(r)
+  if r[R_QUEUE] == nil then
+    r[R_QUEUE] = 'default'
+  end
+  local created = r[R_CREATED]
+  if created and created < 0 then
+    r[R_CREATED] = r[R_DUE] + created
+  end
+  return r
+end
+
+local function record_unpack(raw)
+  return record_expand({ cmsgpack.unpack(raw) })
+end
+
 -- A record as stored. The wheel's own moves (tick, promote) read this way: the runs
 -- they handle are in the wheel, scheduled by definition.
 local function record_read(bkey, run_id)
@@ -62,7 +86,7 @@ local function record_read(bkey, run_id)
   if not raw then
     return nil, nil
   end
-  return { cmsgpack.unpack(raw) }, raw
+  return record_unpack(raw), raw
 end
 
 -- Whether a run whose record says scheduled has been sent. The tick does not rewrite a
@@ -177,12 +201,28 @@ end
 
 local function record_pack(r)
   -- Trailing nils are left out (a fresh task has four: updated, error, schedule, dead):
-  -- unpacking yields nil for them anyway, and 50M records save 200 MB.
+  -- unpacking yields nil for them anyway, and 50M records save 200 MB. The queue
+  -- 'default' and a created time up to 2^31 ms before due are stored short (record_expand
+  -- gives them in full again): 11 bytes of a fresh task's 146.
   local n = 12
   while n > 0 and r[n] == nil do
     n = n - 1
   end
-  return cmsgpack.pack(unpack(r, 1, n))
+  local queue, created = r[R_QUEUE], r[R_CREATED]
+  local short = created and created - r[R_DUE]
+  if short and (short >= 0 or short < -2147483648) then
+    short = nil
+  end
+  if queue ~= 'default' and short == nil then
+    return cmsgpack.pack(unpack(r, 1, n))
+  end
+  if queue == 'default' then
+    r[R_QUEUE] = nil
+  end
+  r[R_CREATED] = short or created
+  local raw = cmsgpack.pack(unpack(r, 1, n))
+  r[R_QUEUE], r[R_CREATED] = queue, created
+  return raw
 end
 
 local function record_save(bkey, run_id, r, field)
@@ -257,11 +297,13 @@ local MP_NUMBER_SIZE = { [0xcc] = 2, [0xcd] = 3, [0xce] = 5, [0xcf] = 9, [0xd0] 
 -- the record is patched, not packed again (a whole pack makes a string of each value and
 -- joins them). State and attempt are its first two bytes (one byte each), due follows
 -- (its size read from its first byte); the values from tenant to opts are copied as they
--- are, then come updated and error (a nil put in for opts when the record ended before it,
--- the record's own updated and error replaced when it has them), then whatever follows
--- (schedule, dead letter) as it is. A record in another form (a longer state, attempt or
--- due; one ending in a nil, which a whole pack would leave out) gives nil.
-local function record_retried(raw, r, due_packed, now_packed, error_packed, heads)
+-- are (but a created time stored short, which is relative to due: record_pack), then come
+-- updated and error (a nil put in for opts when the record ended before it, the record's
+-- own updated and error replaced when it has them), then whatever follows (schedule, dead
+-- letter) as it is. A record in another form (a longer state, attempt or due; a tenant or
+-- queue name of 256 bytes or more; a created time that is not an integer; one ending in a
+-- nil, which a whole pack would leave out) gives nil.
+local function record_retried(raw, r, due, due_packed, now_packed, error_packed, heads)
   local c = lib_c
   if c.call == nil then
     c.bind()
@@ -280,6 +322,43 @@ local function record_retried(raw, r, due_packed, now_packed, error_packed, head
       return nil
     end
   end
+  -- Tenant and queue are copied as they are: from the tenant's first byte (1-based) to
+  -- the created time's, past the tenant (a fixstr or str8, as long as r tells) and the
+  -- queue (nil, or a string of either kind). The created time stored short (a negative
+  -- integer) is packed again from the new due (in full past 2^31 ms); in full it is copied.
+  local from = 3 + due_size
+  local tenant_size = #r[R_TENANT]
+  local at_created = from + tenant_size + 1
+  if tenant_size >= 32 then
+    at_created = at_created + 1
+    if tenant_size >= 256 then
+      return nil
+    end
+  end
+  local b, len = byte(raw, at_created, at_created + 1)
+  if b == 0xc0 then
+    at_created = at_created + 1
+  elseif b >= 0xa0 and b < 0xc0 then
+    at_created = at_created + b - 0x9f
+  elseif b == 0xd9 then
+    at_created = at_created + 2 + len
+  else
+    return nil
+  end
+  -- names: tenant and queue, then the created time, when it is packed again
+  local names, created_packed = '', ''
+  b = byte(raw, at_created)
+  if b >= 0xe0 or (b >= 0xd0 and b <= 0xd3) then
+    local created = r[R_CREATED]
+    local short = created - due
+    if short >= 0 or short < -2147483648 then
+      short = created
+    end
+    names, created_packed = c.sub(raw, from, at_created - 1), c.pack(short)
+    from = at_created + (MP_NUMBER_SIZE[b] or 1)
+  elseif not (b < 0x80 or (b >= 0xcc and b <= 0xcf)) then
+    return nil
+  end
   local head = heads and heads[attempt] or record_head(heads, ST_SCHEDULED, attempt)
   -- Offsets are 0-based: past tenant, queue, created, payload and opts; -1 if the record
   -- ends there or before. A record with no value past opts (as r, unpacked from raw,
@@ -296,14 +375,14 @@ local function record_retried(raw, r, due_packed, now_packed, error_packed, head
     if n < R_QUEUE then
       return nil
     end
-    return head .. due_packed .. c.sub(raw, 3 + due_size) .. RECORD_FILL[R_OPTS - n] ..
-      now_packed .. error_packed
+    return head .. due_packed .. names .. created_packed .. c.sub(raw, from) ..
+      RECORD_FILL[R_OPTS - n] .. now_packed .. error_packed
   end
   local rest = cmsgpack.unpack_limit(raw, 2, at)
   local tail = ''
   if rest >= 0 then
     tail = string.sub(raw, rest + 1)
   end
-  return head .. due_packed .. string.sub(raw, 3 + due_size, at) .. now_packed .. error_packed ..
-    tail
+  return head .. due_packed .. names .. created_packed .. string.sub(raw, from, at) ..
+    now_packed .. error_packed .. tail
 end

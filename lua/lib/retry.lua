@@ -111,7 +111,7 @@ local function retry_or_bury(tag, bkey, run_id, r, ctx)
         if ctx.error ~= ctx.packed_error then
           ctx.packed_error, ctx.error_packed = ctx.error, c.pack(ctx.error)
         end
-        out = record_retried(ctx.raw, r, c.pack(due), ctx.now_packed, ctx.error_packed,
+        out = record_retried(ctx.raw, r, due, c.pack(due), ctx.now_packed, ctx.error_packed,
           ctx.heads)
       end
       if out then

@@ -22,7 +22,7 @@ from timewheel.runs.outcomes import Failure
 from timewheel.store import record
 from timewheel.tasks.model import NewTask
 from timewheel.testing.clock import NOW
-from timewheel.testing.dispatch import prime, tick_all
+from timewheel.testing.dispatch import prime, read_group, tick_all
 from timewheel.types import TaskState
 
 GROUP = "g"
@@ -34,13 +34,8 @@ async def read_all(engine: Engine, tenants: tuple[str, ...] = (TENANT,)) -> list
     await prime(engine, NOW)
     await tick_all(engine, NOW + 1000)
     out: list[Delivery] = []
-    for tenant, shard in ((t, s) for t in tenants for s in engine.store.shards_of(t)):
-        stream = engine.keys.stream(shard, tenant, "default")
-        await engine.outcomes.register_group(stream, GROUP)
-        reply: Any = await engine.client.xreadgroup(GROUP, "c", {stream: ">"}, count=1000)
-        for name, entries in reply or []:
-            key = name.decode() if isinstance(name, bytes) else name
-            out.extend(parse_entry(key, eid, f) for eid, f in entries)
+    for tenant in tenants:
+        out.extend(await read_group(engine, tenant, GROUP))
     return out
 
 

@@ -63,6 +63,22 @@ async def all_deliveries(engine: Engine) -> list[Delivery]:
     return out
 
 
+async def read_group(
+    engine: Engine, tenant: str, group: str, queue: str = "default"
+) -> list[Delivery]:
+    """What a consumer of `group` reads next from every ready stream of the tenant's pair
+    (the group made where it is missing): the runs then pending in it."""
+    out: list[Delivery] = []
+    for shard in engine.store.shards_of(tenant):
+        stream = engine.keys.stream(shard, tenant, queue)
+        await engine.outcomes.register_group(stream, group)
+        reply: Any = await engine.client.xreadgroup(group, "c", {stream: ">"}, count=1000)
+        for name, entries in reply or []:
+            key = name.decode() if isinstance(name, bytes) else name
+            out.extend(parse_entry(key, eid, f) for eid, f in entries)
+    return out
+
+
 @contextlib.asynccontextmanager
 async def running_scheduler(engine: Engine) -> AsyncIterator[Scheduler]:
     """A single-node scheduler running in the background for the duration of the block."""

@@ -97,14 +97,23 @@ local R_PAYLOAD, R_OPTS, R_UPDATED, R_ERROR, R_SCHEDULE, R_DEAD = 7, 8, 9, 10, 1
 local TW_STATES = { [0] = 'scheduled', 'dispatched', 'succeeded', 'cancelled', 'dead',
   'skipped' }
 
--- A run's record as stored (its msgpack values in a table), or nil.
+-- A run's record as stored (its msgpack values in a table), or nil; what it stores short
+-- is given in full (lua/lib/record.lua record_expand): a nil queue is 'default', a
+-- negative created time is relative to due.
 local function tw_record(tag, run_id)
   local bkey, field = tw_body(tag, run_id)
   local raw = redis.call('HGET', bkey, field)
   if not raw then
     return nil
   end
-  return { cmsgpack.unpack(raw) }
+  local r = { cmsgpack.unpack(raw) }
+  if r[R_QUEUE] == nil then
+    r[R_QUEUE] = 'default'
+  end
+  if type(r[R_CREATED]) == 'number' and r[R_CREATED] < 0 then
+    r[R_CREATED] = r[R_DUE] + r[R_CREATED]
+  end
+  return r
 end
 
 -- Whether a run stored as scheduled has been sent (lua/lib/record.lua record_sent): due
