@@ -77,6 +77,7 @@ from rawpipe import RawPipe, create_commands, resp
 from timewheel import ids
 from timewheel.config import Settings
 from timewheel.engine import Engine
+from timewheel.store import record as stored_record
 from timewheel.store.bodies import BodyLayout
 from timewheel.store.keys import Keys
 from timewheel.store.server import RedisServer
@@ -104,8 +105,11 @@ LEGACY = BodyLayout()
 
 
 def record(due_ms: int, tenant: str, created_ms: int, payload: str) -> bytes:
-    """A fresh task's record as lua/lib/record.lua packs it (trailing nils left out)."""
-    return b"".join(msgpack.packb(v) for v in (0, 0, due_ms, tenant, QUEUE, created_ms, payload))
+    """A fresh task's record as lua/lib/record.lua packs it (trailing nils left out, the
+    queue and created stored short)."""
+    queue = None if QUEUE == stored_record.STORED_AS_NIL_QUEUE else QUEUE
+    created = stored_record.stored_created(created_ms, due_ms)
+    return b"".join(msgpack.packb(v) for v in (0, 0, due_ms, tenant, queue, created, payload))
 
 
 def load_commands(

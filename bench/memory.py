@@ -49,6 +49,7 @@ from rawpipe import RawPipe, resp
 from timewheel import ids
 from timewheel.config import Settings
 from timewheel.engine import Engine
+from timewheel.store import record
 from timewheel.store.server import RedisServer
 from timewheel.tasks.model import NewTask
 
@@ -188,8 +189,10 @@ async def run_pipelined(
 
 def packed_record(due_ms: int, tenant: str, created_ms: int, payload: str) -> bytes:
     """The record as lua/lib/record.lua packs it (msgpack values back to back, the
-    trailing nils of a fresh task left out)."""
-    values: list[Any] = [0, 0, due_ms, tenant, QUEUE, created_ms, payload]
+    trailing nils of a fresh task left out, queue and created stored short)."""
+    queue = None if QUEUE == record.STORED_AS_NIL_QUEUE else QUEUE
+    created = record.stored_created(created_ms, due_ms)
+    values: list[Any] = [0, 0, due_ms, tenant, queue, created, payload]
     return b"".join(msgpack.packb(v) for v in values)
 
 

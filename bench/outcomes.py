@@ -235,6 +235,12 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=DEFAULT_BATCH)
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--callgrind", action="store_true", help=__doc__.split("\n\n")[2])
+    parser.add_argument(
+        "--dumps",
+        type=Path,
+        default=None,
+        help="with --callgrind, copy each part's callgrind dump here (for callgrind_annotate)",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         callgrind = None
@@ -248,6 +254,10 @@ def main() -> None:
             result = asyncio.run(report(server.url, args.runs, args.batch, callgrind))
         finally:
             server.stop()
+            if callgrind is not None and args.dumps is not None:
+                args.dumps.mkdir(parents=True, exist_ok=True)
+                for dump in Path(tmp).glob("cg.*"):
+                    shutil.copy(dump, args.dumps / f"{_dumped(dump) or 'rest'}-{dump.name}")
             shutil.rmtree(tmp, ignore_errors=True)
     result["callgrind"] = args.callgrind
     for part, counted in (("ack", "acked"), ("fail", "retried")):
