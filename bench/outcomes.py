@@ -236,6 +236,13 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--callgrind", action="store_true", help=__doc__.split("\n\n")[2])
     parser.add_argument(
+        "--redis-config",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a redis.conf setting over the recommended ones (repeatable; for A/B runs)",
+    )
+    parser.add_argument(
         "--dumps",
         type=Path,
         default=None,
@@ -248,7 +255,8 @@ def main() -> None:
             callgrind = Callgrind(Path(tmp))
             wrapped = callgrind.wrapper()
             server_module.redis_server_binary = lambda: wrapped
-        server = RedisServer(Path(tmp) / "redis", appendfsync="always")
+        extra = dict(kv.split("=", 1) for kv in args.redis_config)
+        server = RedisServer(Path(tmp) / "redis", appendfsync="always", extra_config=extra)
         server.start(timeout_s=120)
         try:
             result = asyncio.run(report(server.url, args.runs, args.batch, callgrind))
@@ -260,6 +268,7 @@ def main() -> None:
                     shutil.copy(dump, args.dumps / f"{_dumped(dump) or 'rest'}-{dump.name}")
             shutil.rmtree(tmp, ignore_errors=True)
     result["callgrind"] = args.callgrind
+    result["redis_config"] = args.redis_config
     for part, counted in (("ack", "acked"), ("fail", "retried")):
         r = result[part]
         if args.callgrind:

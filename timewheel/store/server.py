@@ -31,6 +31,10 @@ RECOMMENDED_CONFIG: dict[str, str] = {
     # Task bodies and time-bucket hashes stay listpack-encoded (~140 B/task, not ~190 B).
     "hash-max-listpack-entries": "1024",
     "hash-max-listpack-value": "1024",
+    # Ready streams in nodes of 4 entries: deleting an acknowledged entry (XDEL) walks its
+    # node, so an ack takes 12 % fewer instructions and a retry 8 % than with Redis' 100,
+    # for about 190 B more a run while it waits in a stream (docs/operations/capacity.md).
+    "stream-node-max-entries": "4",
     # AOF rewrites start with a compact RDB image, so restarts replay quickly.
     "aof-use-rdb-preamble": "yes",
     # A rewrite once the log since the last one reaches 7% of the image (and the AOF
