@@ -158,9 +158,19 @@ class Held(Protocol):
 class _Cached:
     """A tenant's usage as read, plus this process's writes since (changed in place: a
     create notes one); `by_shard` keeps each shard's runs not finished as read, and
-    `shards` the tenant's current shards (its placement) when it was read."""
+    `shards` the tenant's current shards (its placement) when it was read. `noted`: a
+    write was added since the read (which the read may have counted already)."""
 
-    __slots__ = ("by_shard", "bytes", "expires", "queues", "runs", "schedules", "shards")
+    __slots__ = (
+        "by_shard",
+        "bytes",
+        "expires",
+        "noted",
+        "queues",
+        "runs",
+        "schedules",
+        "shards",
+    )
 
     def __init__(
         self,
@@ -174,8 +184,10 @@ class _Cached:
         self.shards = shards
         self.runs, self.bytes, self.schedules = usage.runs, usage.bytes, usage.schedules
         self.queues: dict[str, int] = dict(usage.queues)
+        self.noted = False
 
     def add(self, change: Usage) -> None:
+        self.noted = True
         self.runs = max(0, self.runs + change.runs)
         self.bytes = max(0, self.bytes + change.bytes)
         self.schedules = max(0, self.schedules + change.schedules)
@@ -304,18 +316,32 @@ class Limiter:
 
     async def _refresh(self, tenant_id: str) -> _Cached:
         try:
-            usage, by_shard, shards = await self._read(tenant_id)
-            cached = _Cached(usage, time.monotonic() + CACHE_TTL_S, by_shard, shards)
+            return await self._refresh_now(tenant_id)
         finally:
             self._reads.pop(tenant_id, None)
+
+    async def _refresh_now(self, tenant_id: str) -> _Cached:
+        """A read sent now (not one under way, which may have been sent before writes
+        this process has noted since), kept as the tenant's count."""
+        usage, by_shard, shards = await self._read(tenant_id)
+        cached = _Cached(usage, time.monotonic() + CACHE_TTL_S, by_shard, shards)
         if len(self._cache) >= MAX_CACHED:
             self._cache.clear()
         self._cache[tenant_id] = cached
         return cached
 
     async def check(self, tenant: Tenant, adding: Usage) -> None:
-        """Raise OverLimit if `adding` would put the tenant over one of its limits."""
-        refusal = over(self.limits(tenant), await self.usage(tenant.id), adding)
+        """Raise OverLimit if `adding` would put the tenant over one of its limits.
+
+        A count with this process's writes noted on it can run ahead of Redis: a write
+        whose reply came back after a read was sent may be in that read and be noted on
+        it again. So a refusal from such a count is made only after a read of its own
+        (a tenant refused over and over, noting nothing, costs no read)."""
+        limits = self.limits(tenant)
+        held = await self.usage(tenant.id)
+        refusal = over(limits, held, adding)
+        if refusal is not None and isinstance(held, _Cached) and held.noted:
+            refusal = over(limits, await self._refresh_now(tenant.id), adding)
         if refusal is not None:
             raise refusal
 

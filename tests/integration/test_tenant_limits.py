@@ -14,7 +14,9 @@ import pytest
 
 from timewheel.api import create_app
 from timewheel.engine import Engine
+from timewheel.errors import OverLimit
 from timewheel.limits import Limiter, Usage
+from timewheel.tenants import Limits, TenantStore
 from timewheel.testing.api import assert_error
 from timewheel.testing.settings import test_settings
 
@@ -254,3 +256,45 @@ async def test_usage_adds_up_over_a_tenants_shards(redis_url: str) -> None:
         assert (await Limiter(engine.store).read(name)).runs == 12
     finally:
         await engine.close()
+
+
+async def test_a_write_counted_by_a_read_and_by_its_note_refuses_nothing(
+    engine: Engine,
+) -> None:
+    """A create's note can land on a read that already counted its write (the read sent
+    while the write's reply was on its way): the cached count then runs ahead of Redis.
+    A check refuses only what a read of its own confirms; a count with nothing noted on
+    it refuses without one."""
+    name = "t" + secrets.token_hex(4)
+    tenant = await TenantStore(engine.client, engine.keys).create_tenant(
+        name, Limits(max_schedules=3)
+    )
+    limiter = Limiter(engine.store)
+    [shard] = engine.store.shards_of(name)
+    key = engine.keys.usage(shard, name)
+    await limiter.check(tenant, Usage(schedules=1))  # reads 0
+    # two creates' writes land; a read after them counts them, and their notes arrive late
+    await engine.client.hincrby(key, "schedules", 2)
+    limiter._cache[name].expires = 0
+    assert (await limiter.usage(name)).schedules == 2
+    limiter.note(name, Usage(schedules=2))
+    assert (await limiter.usage(name)).schedules == 4  # ahead of Redis's 2
+    await limiter.check(tenant, Usage(schedules=1))  # 3 of 3: fits
+    assert (await limiter.usage(name)).schedules == 2  # the check's own read is kept
+    # at the limit for real: refused, by the cached count alone once nothing is noted
+    await engine.client.hincrby(key, "schedules", 1)
+    limiter._cache[name].expires = 0
+    reads = 0
+    real_read = limiter._read
+
+    async def counted(tenant_id: str) -> Any:
+        nonlocal reads
+        reads += 1
+        return await real_read(tenant_id)
+
+    limiter._read = counted  # type: ignore[method-assign]
+    for _ in range(3):
+        with pytest.raises(OverLimit) as refused:
+            await limiter.check(tenant, Usage(schedules=1))
+        assert refused.value.field == "max_schedules"
+    assert reads == 1
