@@ -69,7 +69,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import msgpack
 import redis.asyncio as aioredis
 from common import percentile
 from rawpipe import RawPipe, create_commands, resp
@@ -105,11 +104,8 @@ LEGACY = BodyLayout()
 
 
 def record(due_ms: int, tenant: str, created_ms: int, payload: str) -> bytes:
-    """A fresh task's record as lua/lib/record.lua packs it (trailing nils left out, the
-    queue and created stored short)."""
-    queue = None if QUEUE == stored_record.STORED_AS_NIL_QUEUE else QUEUE
-    created = stored_record.stored_created(created_ms, due_ms)
-    return b"".join(msgpack.packb(v) for v in (0, 0, due_ms, tenant, queue, created, payload))
+    """A fresh task's record as lua/lib/record.lua packs it."""
+    return stored_record.pack_fresh(due_ms, tenant, QUEUE, created_ms, payload)
 
 
 def load_commands(

@@ -42,7 +42,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import msgpack
 import redis.asyncio as aioredis
 from rawpipe import RawPipe, resp
 
@@ -188,12 +187,8 @@ async def run_pipelined(
 
 
 def packed_record(due_ms: int, tenant: str, created_ms: int, payload: str) -> bytes:
-    """The record as lua/lib/record.lua packs it (msgpack values back to back, the
-    trailing nils of a fresh task left out, queue and created stored short)."""
-    queue = None if QUEUE == record.STORED_AS_NIL_QUEUE else QUEUE
-    created = record.stored_created(created_ms, due_ms)
-    values: list[Any] = [0, 0, due_ms, tenant, queue, created, payload]
-    return b"".join(msgpack.packb(v) for v in values)
+    """The record as lua/lib/record.lua packs it."""
+    return record.pack_fresh(due_ms, tenant, QUEUE, created_ms, payload)
 
 
 # -- loaders ---------------------------------------------------------------------------

@@ -46,11 +46,10 @@ end
 -- given in full here as record_expand gives it). Bytes that are not msgpack, or msgpack of
 -- another shape (any byte below 0x80 alone is a valid number), are not a record.
 local function audit_sound(r, n)
-  if r[R_QUEUE] == nil and n >= 5 then
+  if type(r[R_DUE]) == 'number' and (r[R_CREATED] == nil or type(r[R_CREATED]) == 'number') then
+    record_expand(r)
+  elseif r[R_QUEUE] == nil then
     r[R_QUEUE] = 'default'
-  end
-  if type(r[R_CREATED]) == 'number' and r[R_CREATED] < 0 and type(r[R_DUE]) == 'number' then
-    r[R_CREATED] = r[R_DUE] + r[R_CREATED]
   end
   local state = r[R_STATE]
   return n >= 5 and n <= 12 and type(state) == 'number' and state >= ST_SCHEDULED

@@ -12,7 +12,8 @@
 --       (lib/bodies.lua body_locate); body_key(tag, run_id) -> bkey and body_field(run_id)
 --       -> field give one part.
 --   record_expand(r) -> r   what a record stores short, in full, in place (queue, created);
---       record_unpack(raw) -> r   a record's values so.
+--       record_unpack(raw) -> r   a record's values so; record_created_stored(created, due)
+--       -> value   the created time as a record stores it.
 --   record_read(bkey, run_id) -> r, raw   the record as stored (nil if none).
 --   record_load(bkey, run_id, promoted_until) -> r, raw   the record as it is: a sent
 --       run says dispatched (promoted_until optional, as for record_sent).
@@ -77,6 +78,15 @@ end
 
 local function record_unpack(raw)
   return record_expand({ cmsgpack.unpack(raw) })
+end
+
+-- created - due when that is 1 ms to 2^31 ms before due (an int32), else created itself.
+local function record_created_stored(created, due)
+  local short = created - due
+  if short >= 0 or short < -2147483648 then
+    return created
+  end
+  return short
 end
 
 -- A record as stored. The wheel's own moves (tick, promote) read this way: the runs
@@ -209,17 +219,14 @@ local function record_pack(r)
     n = n - 1
   end
   local queue, created = r[R_QUEUE], r[R_CREATED]
-  local short = created and created - r[R_DUE]
-  if short and (short >= 0 or short < -2147483648) then
-    short = nil
-  end
-  if queue ~= 'default' and short == nil then
+  local stored = created and record_created_stored(created, r[R_DUE])
+  if queue ~= 'default' and stored == created then
     return cmsgpack.pack(unpack(r, 1, n))
   end
   if queue == 'default' then
     r[R_QUEUE] = nil
   end
-  r[R_CREATED] = short or created
+  r[R_CREATED] = stored
   local raw = cmsgpack.pack(unpack(r, 1, n))
   r[R_QUEUE], r[R_CREATED] = queue, created
   return raw
@@ -349,12 +356,8 @@ local function record_retried(raw, r, due, due_packed, now_packed, error_packed,
   local names, created_packed = '', ''
   b = byte(raw, at_created)
   if b >= 0xe0 or (b >= 0xd0 and b <= 0xd3) then
-    local created = r[R_CREATED]
-    local short = created - due
-    if short >= 0 or short < -2147483648 then
-      short = created
-    end
-    names, created_packed = c.sub(raw, from, at_created - 1), c.pack(short)
+    names = c.sub(raw, from, at_created - 1)
+    created_packed = c.pack(record_created_stored(r[R_CREATED], due))
     from = at_created + (MP_NUMBER_SIZE[b] or 1)
   elseif not (b < 0x80 or (b >= 0xcc and b <= 0xcf)) then
     return nil

@@ -25,6 +25,7 @@ from timewheel.testing.dispatch import prime, read_group, tick_all
 GROUP = "g"
 TENANT = "acme"
 DAY = 86_400_000
+PAYLOAD = '{"job":"eval"}'
 
 
 def stored(raw: bytes) -> list[Any]:
@@ -55,7 +56,7 @@ async def test_queue_and_created_are_stored_short_and_read_back_in_full(fast: En
     await prime(engine, NOW)
 
     async def create(due: int, queue: str = "default") -> str:
-        new = NewTask(tenant=TENANT, queue=queue, run_at_ms=due)
+        new = NewTask(tenant=TENANT, queue=queue, run_at_ms=due, payload_json=PAYLOAD)
         return (await engine.tasks.create(new, now_ms=made)).task_id
 
     plain = await create(NOW + 100)
@@ -66,6 +67,10 @@ async def test_queue_and_created_are_stored_short_and_read_back_in_full(fast: En
     assert v[plain][4] is None and v[named][4] == "emails"
     assert v[plain][5] == made - (NOW + 100) and v[named][5] == v[plain][5]
     assert v[late][5] == made and v[ahead][5] == made
+    # Python's mirror of record_pack (the loaders' records) gives the same bytes
+    for run_id, queue_name in ((plain, "default"), (named, "emails")):
+        packed = record.pack_fresh(NOW + 100, TENANT, queue_name, made, PAYLOAD)
+        assert await raw_record(engine, run_id) == packed
     full = len(msgpack.packb("default")) + len(msgpack.packb(made))
     short = len(msgpack.packb(None)) + len(msgpack.packb(-(2**31)))  # at most
     assert full - short == 11
@@ -140,3 +145,31 @@ async def test_queue_and_created_are_stored_short_and_read_back_in_full(fast: En
         assert (done.state, done.queue, done.created_ms) == ("succeeded", "default", made)
     assert stored(await raw_record(engine, plain))[4] is None
     assert (await audit(engine, later + 100)).findings == []
+
+
+async def test_a_retry_patches_the_record_of_a_tenant_with_a_long_name(fast: Engine) -> None:
+    """Tenant names of 32 bytes or more take a two-byte msgpack header: the retry's patch
+    finds the created time past it."""
+    engine = fast
+    tenant = "tenant-with-a-name-of-forty-characters-x"
+    assert len(tenant) == 40
+    made = NOW - 1000
+    await prime(engine, NOW)
+    new = NewTask(tenant=tenant, run_at_ms=NOW + 100, payload_json=PAYLOAD)
+    run_id = (await engine.tasks.create(new, now_ms=made)).task_id
+    assert await raw_record(engine, run_id) == record.pack_fresh(
+        NOW + 100, tenant, "default", made, PAYLOAD
+    )
+    assert await tick_all(engine, NOW + 1000) == 1
+    [d] = await read_group(engine, tenant, GROUP)
+    [retried] = await engine.outcomes.fail_many([Failure(d, "boom")], GROUP, now_ms=NOW + 1100)
+    assert retried.outcome == "retry" and retried.due_ms is not None
+    after = stored(await raw_record(engine, run_id))
+    assert after[2:7] == [retried.due_ms, tenant, None, made - retried.due_ms, PAYLOAD]
+    task = await engine.tasks.get(tenant, run_id)
+    assert (task.tenant, task.created_ms, task.attempt, task.last_error) == (
+        tenant,
+        made,
+        1,
+        "boom",
+    )

@@ -46,6 +46,22 @@ def stored_created(created_ms: int, due_ms: int) -> int:
     return short if SHORT_CREATED_MIN <= short < 0 else created_ms
 
 
+def pack_fresh(due_ms: int, tenant: str, queue: str, created_ms: int, payload: str) -> bytes:
+    """A fresh task's record as lua/lib/record.lua record_pack packs it (no opts, no
+    trailing nils; queue and created stored short), for loaders that write records
+    themselves."""
+    values = (
+        int(TaskState.SCHEDULED),
+        0,
+        due_ms,
+        tenant,
+        None if queue == STORED_AS_NIL_QUEUE else queue,
+        stored_created(created_ms, due_ms),
+        payload,
+    )
+    return b"".join(msgpack.packb(v) for v in values)
+
+
 def decode_fields(raw: bytes, sent: bool = False) -> list[Any]:
     """The record's values in FIELDS order (trailing values Lua left out are None).
     `sent`: the run was dispatched though its record says scheduled, at the next attempt
