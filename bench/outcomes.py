@@ -18,7 +18,8 @@ scripts and calls (an A/B comparison).
 With --callgrind the server runs under valgrind's callgrind, instrumented only while the
 batches go, and each part also reports the instructions per run that Redis executed in
 FCALL (nested commands included) and in all: a count the host's load does not change, for
-A/B comparisons on a shared machine (slow: use a few thousand runs).
+A/B comparisons on a shared machine (slow: use a few thousand runs). The ticks that
+dispatch each set of runs are counted too ("tick", "tick-2").
 
 Run:  .venv/bin/python bench/outcomes.py [--runs 20000] [--batch 1024] [--out FILE]
           [--callgrind]
@@ -81,9 +82,32 @@ def share(
     return dict(sorted(out.items(), key=lambda kv: -kv[1]["us_per_run"]))
 
 
-async def dispatched(engine: Engine, runs: int) -> list[Delivery]:
+async def dispatch_all(
+    engine: Engine, now_ms: int, runs: int, callgrind: Callgrind | None, part: str
+) -> int:
+    """Promote, then tick every shard until nothing is due at now_ms; returns the runs
+    dispatched. With callgrind, the ticks are counted as `part`."""
+    for shard in range(SHARDS):
+        # (runs made before any promoter pass wait in distant buckets: several calls)
+        while (await engine.dispatch.promote(shard, now_ms=now_ms)).more:
+            pass
+    if callgrind is not None:
+        callgrind.start()
+    total = 0
+    for shard in range(SHARDS):
+        while (n := (await engine.dispatch.tick(shard, now_ms=now_ms)).dispatched) > 0:
+            total += n
+    if callgrind is not None:
+        callgrind.counted[part] = callgrind.stop(part, runs)
+    return total
+
+
+async def dispatched(
+    engine: Engine, runs: int, callgrind: Callgrind | None = None, part: str = "tick"
+) -> list[Delivery]:
     """`runs` runs created due now, dispatched, and read in the consumer group (shuffled,
-    as acks come back from a worker reading 16 streams)."""
+    as acks come back from a worker reading 16 streams). With callgrind, the ticks that
+    dispatch them are counted as `part` (callgrind.counted)."""
     client = engine.client
     assert isinstance(client, aioredis.Redis)
     now = await server_ms(client)
@@ -93,14 +117,7 @@ async def dispatched(engine: Engine, runs: int) -> list[Delivery]:
             for i in range(start, min(runs, start + 1000))
         ]
         await engine.tasks.create_many(batch)
-    later = await server_ms(client) + 10
-    total = 0
-    for shard in range(SHARDS):
-        # (runs made before any promoter pass wait in distant buckets: several calls)
-        while (await engine.dispatch.promote(shard, now_ms=later)).more:
-            pass
-        while (n := (await engine.dispatch.tick(shard, now_ms=later)).dispatched) > 0:
-            total += n
+    total = await dispatch_all(engine, await server_ms(client) + 10, runs, callgrind, part)
     out: list[Delivery] = []
     for shard in engine.store.shards_of(TENANT):
         stream = engine.keys.stream(shard, TENANT, "default")
@@ -122,6 +139,8 @@ class Callgrind:
 
     def __init__(self, out_dir: Path) -> None:
         self.out_dir, self.pid = out_dir, 0
+        self.counted: dict[str, dict[str, float]] = {}
+        """Parts counted outside report()'s own (the ticks), by name."""
 
     def wrapper(self) -> str:
         """A redis-server that starts under callgrind, uninstrumented."""
@@ -183,7 +202,7 @@ async def report(
         await engine.store.scripts.library.load(client)
         if callgrind is not None:
             callgrind.pid = int((await client.info("server"))["process_id"])
-        acks = await dispatched(engine, runs)
+        acks = await dispatched(engine, runs, callgrind, "tick")
         if callgrind is not None:
             callgrind.start()
         before, t0 = await command_usec(client), time.perf_counter()
@@ -199,7 +218,7 @@ async def report(
         if callgrind is not None:
             result["ack"]["instructions_per_run"] = callgrind.stop("ack", runs)
 
-        fails = await dispatched(engine, runs)
+        fails = await dispatched(engine, runs, callgrind, "tick-2")
         many = getattr(outcomes, "fail_many", None)
         if callgrind is not None:
             callgrind.start()
@@ -224,6 +243,7 @@ async def report(
         }
         if callgrind is not None:
             result["fail"]["instructions_per_run"] = callgrind.stop("fail", runs)
+            result["tick"] = {"instructions_per_run": callgrind.counted}
     finally:
         await engine.close()
     return result
@@ -269,6 +289,12 @@ def main() -> None:
             shutil.rmtree(tmp, ignore_errors=True)
     result["callgrind"] = args.callgrind
     result["redis_config"] = args.redis_config
+    for part, ins in result.get("tick", {}).get("instructions_per_run", {}).items():
+        print(
+            f"{part} (dispatching the runs): instructions per run: FCALL {ins['fcall']:.0f}, "
+            f"Redis in all {ins['total']:.0f}",
+            flush=True,
+        )
     for part, counted in (("ack", "acked"), ("fail", "retried")):
         r = result[part]
         if args.callgrind:

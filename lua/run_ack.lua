@@ -31,6 +31,7 @@ local events_key, group, bucket_ms = KEYS[1], ARGV[1], tonumber(ARGV[2])
 local now_override, event_cap, wake_channel, shard = ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 local tag = string.sub(events_key, 1, -7)
 
+--!include lib/bodies.lua
 --!include lib/record.lua
 --!include lib/delivery.lua
 --!include lib/clock.lua
@@ -43,8 +44,9 @@ local tag = string.sub(events_key, 1, -7)
 local n = delivery_ack_all(KEYS, ARGV, 7, 4, group)
 local now = clock_now_ms(now_override)
 local now_packed = cmsgpack.pack(now)  -- every finished record's updated
--- meta, read once: where the near level ends, and the event log's archive mark.
-local meta = redis.call('HMGET', tag .. 'meta', 'promoted_until', 'archived', 'archive_cap')
+-- meta, read once with the body layout: where the near level ends, and the event log's
+-- archive mark.
+local meta = body_meta(tag, 'promoted_until', 'archived', 'archive_cap')
 local promoted_until = tonumber(meta[1]) or 0
 local record_of = delivery_loader(tag, ARGV, 7, 4, n, promoted_until)
 local codes, acked, retained, tally, woken, done = delivery_array(ARGV, n), {}, {}, {}, 0, 0
@@ -91,6 +93,6 @@ if done > 0 then
   usage_flush(tag, tally)
   wake_publish(woken, wake_channel, shard)
   event_emit_marked(events_key, event_cap_for(event_cap, done), meta[2], meta[3],
-    'e', 'acked', 'runs', table.concat(acked, ','), 'at', now)
+    'e', 'acked', 'runs', table.concat(acked, ','), 'at', string.format('%d', now))
 end
 return codes

@@ -31,14 +31,16 @@ local now_override, event_cap, wake_channel, shard = ARGV[4], ARGV[5], ARGV[6], 
 local draws = math.floor(tonumber(ARGV[8]) * 2147483646) + 1
 local tag = string.sub(events_key, 1, -7)
 
+--!include lib/bodies.lua
 --!include lib/record.lua
 --!include lib/delivery.lua
 --!include lib/clock.lua
 --!include lib/retry.lua
 
 local n = delivery_ack_all(KEYS, ARGV, 9, 7, group)
--- meta, read once: where the near level ends, and the event log's archive mark.
-local meta = redis.call('HMGET', tag .. 'meta', 'promoted_until', 'archived', 'archive_cap')
+-- meta, read once with the body layout: where the near level ends, and the event log's
+-- archive mark.
+local meta = body_meta(tag, 'promoted_until', 'archived', 'archive_cap')
 local promoted_until = tonumber(meta[1]) or 0
 local record_of = delivery_loader(tag, ARGV, 9, 7, n, promoted_until)
 local now = clock_now_ms(now_override)

@@ -43,6 +43,8 @@
 --       children take its place, so a cursor between two hashes stays good.
 --   body_run_id(shard_chars, dropped, field) -> run_id   a field's run id.
 --   body_layout(tag) -> BODY   the shard's layout, read once per call;
+--   body_meta(tag, field, ...) -> values   the layout and other fields of the shard's meta
+--       in one HMGET (a call that reads meta anyway: run_ack, run_fail);
 --   body_hash(b, x) -> level, v   the hash holding low bits x;
 --   body_name(level, v) -> name;  body_low_bits(task_id) -> x;  body_reverse(x) -> x'
 --   (bits 0 .. 19 backwards);  body_split(tag)   split the next hash (body_flush).
@@ -54,6 +56,12 @@
 -- alphabet's values by byte, its characters by value, and powers of two.
 local BODY_K = {
   LOAD = 64, MAX_BITS = 20, LEGACY_BITS = 10, WALK = 1048576,
+  -- string.sub, byte and find for body_locate, bound by body_forget
+  C = {},
+  -- floor(level / 5): the characters of the task id a level's hash names leave out
+  DROP = {
+    [0] = 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 4, 4
+  },
   VALUE = {
     [48] = 0, [49] = 1, [50] = 2, [51] = 3, [52] = 4, [53] = 5, [54] = 6, [55] = 7, [56] = 8,
     [57] = 9, [97] = 10, [98] = 11, [99] = 12, [100] = 13, [101] = 14, [102] = 15,
@@ -81,16 +89,28 @@ local BODY = { tag = false, bits = BODY_K.LEGACY_BITS, split = 0, settled = fals
 
 local function body_forget()
   BODY.tag, BODY.added = false, 0
+  local C = BODY_K.C
+  if C.sub == nil then
+    C.sub, C.byte, C.find = string.sub, string.byte, string.find
+    collectgarbage('setpause', 1000)  -- once per library load (docs/design.md)
+  end
 end
 
-local function body_layout(tag)
-  if BODY.tag ~= tag then
-    local m = redis.call('HMGET', tag .. 'meta', 'body_bits', 'body_split', 'grow')
+-- m: meta's body_bits, body_split and grow when the caller read them (body_meta).
+local function body_layout(tag, m)
+  if BODY.tag ~= tag or m then
+    m = m or redis.call('HMGET', tag .. 'meta', 'body_bits', 'body_split', 'grow')
     BODY.tag, BODY.keys = tag, {}
     BODY.bits, BODY.split = tonumber(m[1]) or BODY_K.LEGACY_BITS, tonumber(m[2]) or 0
     BODY.settled, BODY.grow = m[1] ~= false, m[3] == '1'
   end
   return BODY
+end
+
+local function body_meta(tag, ...)
+  local m = redis.call('HMGET', tag .. 'meta', 'body_bits', 'body_split', 'grow', ...)
+  body_layout(tag, m)
+  return { unpack(m, 4) }
 end
 
 local function body_tag()
@@ -118,7 +138,7 @@ end
 -- so a malformed id finds no record rather than failing the call).
 local function body_low_bits(task_id)
   local n = #task_id
-  local a, b, c, d = string.byte(task_id, n - 3, n)
+  local a, b, c, d = BODY_K.C.byte(task_id, n - 3, n)
   local V = BODY_K.VALUE
   return (((V[a] or 0) * 32 + (V[b] or 0)) * 32 + (V[c] or 0)) * 32 + (V[d] or 0)
 end
@@ -134,10 +154,24 @@ local function body_hash(b, x)
   return level, v
 end
 
+-- body_locate runs once per run of every call (tick, acks, fails, creates): the C
+-- functions it calls come from BODY_K.C (bound by body_forget at a call's start: a
+-- library being loaded cannot reach string), not a global's fields, and it looks for a
+-- schedule run's '@' only past a task id's 16 characters.
 local function body_locate(tag, run_id)
-  local b = body_layout(tag)
-  local at = string.find(run_id, '@', 1, true)
-  local task_id = at and string.sub(run_id, 1, at - 1) or run_id
+  local b = BODY
+  if b.tag ~= tag then
+    b = body_layout(tag)
+  end
+  local C = BODY_K.C
+  local n, at = #run_id, nil
+  if n > 16 then
+    at = C.find(run_id, '@', 1, true)
+    if at then
+      n = at - 1
+    end
+  end
+  local task_id = at and C.sub(run_id, 1, n) or run_id
   local level, v = body_hash(b, body_low_bits(task_id))
   local slot = level * 2097152 + v
   local key = b.keys[slot]
@@ -145,11 +179,11 @@ local function body_locate(tag, run_id)
     key = tag .. body_name(level, v)
     b.keys[slot] = key
   end
-  local last = #task_id - math.floor(level / 5)
+  local last = n - BODY_K.DROP[level]
   if at then
-    return task_id, key, string.sub(run_id, 4, last) .. string.sub(run_id, at)
+    return task_id, key, C.sub(run_id, 4, last) .. C.sub(run_id, at)
   end
-  return task_id, key, string.sub(run_id, 4, last)
+  return task_id, key, C.sub(run_id, 4, last)
 end
 
 local function body_field(run_id)

@@ -41,7 +41,7 @@ local function event_cap_for(cap, runs)
   if runs <= 1 then
     return cap
   end
-  return math.max(1, math.floor(tonumber(cap) / runs))
+  return string.format('%d', math.max(1, math.floor(tonumber(cap) / runs)))
 end
 
 local function event_emit(events_key, cap, ...)

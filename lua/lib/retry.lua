@@ -185,11 +185,12 @@ local function retry_flush(tag, ctx)
   end
   local runs = table.concat(batch.runs, ',')
   local k, cap = ctx.events_key, event_cap_for(ctx.event_cap, n)
+  local at = string.format('%d', ctx.now)
   if same then
     event_emit_marked(k, cap, ctx.archived, ctx.archive_cap, 'e', 'retry_scheduled', 'runs', runs,
-      'at', ctx.now, 'reason', ctx.reason, 'error', errors[1])
+      'at', at, 'reason', ctx.reason, 'error', errors[1])
   else
     event_emit_marked(k, cap, ctx.archived, ctx.archive_cap, 'e', 'retry_scheduled', 'runs', runs,
-      'at', ctx.now, 'reason', ctx.reason, 'errors', cjson.encode(errors))
+      'at', at, 'reason', ctx.reason, 'errors', cjson.encode(errors))
   end
 end

@@ -42,7 +42,7 @@ local function usage_add(ukey, field, n)
   if n == 0 then
     return
   end
-  local v = redis.call('HINCRBY', ukey, field, n)
+  local v = redis.call('HINCRBY', ukey, field, string.format('%d', n))
   if v <= 0 then
     if string.sub(field, 1, 2) == 'q:' then
       redis.call('HDEL', ukey, field)
