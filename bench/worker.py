@@ -91,6 +91,15 @@ def process_env() -> dict[str, str]:
 # -- the worker processes ---------------------------------------------------------------
 
 
+def process_cpu_s(pid: int) -> float:
+    """utime + stime of one process, in seconds (0 once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except FileNotFoundError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
 class WorkerProcess:
     """`timewheel worker --app worker_app:noop` (from bench/, so the module is found)."""
 
@@ -131,14 +140,7 @@ class WorkerProcess:
 
     def cpu_s(self) -> float:
         """utime + stime of the process and its children, in seconds."""
-        total = 0
-        for pid in self.pids():
-            try:
-                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            except FileNotFoundError:
-                continue
-            total += int(fields[11]) + int(fields[12])
-        return total / CLK_TCK
+        return sum(process_cpu_s(pid) for pid in self.pids())
 
     def noted(self) -> int:
         return sum(
@@ -284,9 +286,10 @@ async def herd(url: str, work: Path, runs: int, processes: int) -> dict[str, Any
             raise RuntimeError("the load ended after T0: raise the lead")
         await asyncio.sleep(max(0.0, (t0 - 100 - await server_ms(client)) / 1000))
         cpu0, redis0 = worker.cpu_s(), await redis_cpu_s(client)
+        sched0 = process_cpu_s(sched.pid)
         counters0, usec0 = await redis_counters(client), await command_usec(client)
         cpu1 = await wait_handled(worker, client, engine, runs, 120)
-        redis1 = await redis_cpu_s(client)
+        redis1, sched1 = await redis_cpu_s(client), process_cpu_s(sched.pid)
         counters1, usec1 = await redis_counters(client), await command_usec(client)
     finally:
         worker.stop()
@@ -307,6 +310,7 @@ async def herd(url: str, work: Path, runs: int, processes: int) -> dict[str, Any
         **lag_figures(notes),
         "worker_cpu_us_per_run": round((cpu1 - cpu0) / runs * 1e6, 1),
         "redis_cpu_us_per_run": round((redis1 - redis0) / runs * 1e6, 1),
+        "scheduler_cpu_us_per_run": round((sched1 - sched0) / runs * 1e6, 1),
         **per_run(counters0, counters1, runs),
         "redis_command_us_per_run": command_share(usec0, usec1, runs),
         "target_last_start_ms": target,
@@ -677,6 +681,7 @@ def main() -> None:
                     f"herd, {h['processes']} process(es): last start {h['last_start_ms']} ms "
                     f"after T0 (first {h['first_start_ms']}), lag p50 {h['lag_p50_ms']} / "
                     f"p99 {h['lag_p99_ms']} ms, worker {h['worker_cpu_us_per_run']} us/run, "
+                    f"scheduler {h['scheduler_cpu_us_per_run']} us/run, "
                     f"Redis {h['redis_cpu_us_per_run']} us/run (sys {h['redis_sys_us_per_run']}, "
                     f"{h['redis_client_reads_per_1000_runs']} reads/1000 runs) "
                     f"({h['handled']}/{h['runs']})",

@@ -11,7 +11,8 @@ the pass (timewheel/dispatch/planning.py), so ticks never wait for fire-time mat
 
 Sleep: until the earliest next due time of its shards (in the shards' own clock, read
 from each tick's reply), capped at `poll_cap_ms`, or until a create publishes on the
-wake channel that a shard's next due time moved earlier.
+wake channel that a shard's next due time moved earlier. Plan timers count only while no
+planning pass is out (the pass wakes the loop when it ends).
 
 Clock: every timer (tick, promote, plan, reap, expire) is kept in Redis's time, as the
 store's RedisClock estimates it from a monotonic base and every reply carrying Redis
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 
 import structlog
 
@@ -42,6 +44,8 @@ from timewheel.store.shard import Store
 log = structlog.get_logger("timewheel.scheduler")
 
 EXPIRE_EVERY_MS = 10_000
+CAP_EVERY_S = 0.1
+"""How often the timers are held to their intervals (Scheduler._cap_timers)."""
 
 
 class Scheduler:
@@ -69,6 +73,8 @@ class Scheduler:
         self.woken = self.ownership.acquired
         self._busy = self.ownership.busy
         self._plan_task: asyncio.Task[None] | None = None
+        self._capped_at = float("-inf")
+        """When the timers were last capped (time.monotonic())."""
         self.metrics.shards.set(self.settings.shards)
         self.auditor: ContinuousAuditor | None = None
         """The continuous auditor duty (a node id and audit_interval_ms > 0 only); it
@@ -102,21 +108,44 @@ class Scheduler:
         return self.clock.now_ms()
 
     def _cap_timers(self, now: float) -> None:
-        """No timer further out than its interval (ShardState.cap)."""
+        """No timer further out than its interval (ShardState.cap), looked at every
+        CAP_EVERY_S of this process's monotonic clock rather than every pass (a busy
+        node makes hundreds of passes a second over all its shards): a timer set far out
+        comes back within its interval plus that."""
+        mono = time.monotonic()
+        if mono - self._capped_at < CAP_EVERY_S:
+            return
+        self._capped_at = mono
         for st in self.state.values():
             st.cap(now, self.settings, EXPIRE_EVERY_MS)
+
+    def _due(self, now: float) -> tuple[list[int], list[int], list[int], list[int], list[int]]:
+        """The shards whose promote, tick, expire, reap and plan timers are due, in one
+        pass over the shards."""
+        promote: list[int] = []
+        tick: list[int] = []
+        expire: list[int] = []
+        reap: list[int] = []
+        plan: list[int] = []
+        for s, st in self.state.items():
+            if st.next_promote_ms <= now:
+                promote.append(s)
+            if st.next_tick_ms <= now:
+                tick.append(s)
+            if st.next_expire_ms <= now:
+                expire.append(s)
+            if st.next_reap_ms <= now:
+                reap.append(s)
+            if st.next_plan_ms <= now:
+                plan.append(s)
+        return promote, tick, expire, reap, plan
 
     async def run_once(self) -> int:
         """Promote, tick and expire every owned shard that is due now; returns runs
         dispatched. Planning that is due starts beside the pass (`_plan_beside`)."""
         now = self._shard_now()
         self._cap_timers(now)
-        owned = list(self.state.items())
-        promote = [s for s, st in owned if st.next_promote_ms <= now]
-        tick = [s for s, st in owned if st.next_tick_ms <= now]
-        expire = [s for s, st in owned if st.next_expire_ms <= now]
-        reap = [s for s, st in owned if st.next_reap_ms <= now]
-        plan = [s for s, st in owned if st.next_plan_ms <= now]
+        promote, tick, expire, reap, plan = self._due(now)
         if plan and self._plan_task is None:
             self._plan_task = asyncio.create_task(self._plan_beside(plan, now))
         self._busy.update(promote, tick, expire, reap)
@@ -211,19 +240,17 @@ class Scheduler:
     # -- the loop ---------------------------------------------------------------------
 
     def _sleep_s(self) -> float:
-        earliest = min(
-            (
-                min(
-                    st.next_tick_ms,
-                    st.next_promote_ms,
-                    st.next_expire_ms,
-                    st.next_reap_ms,
-                    st.next_plan_ms,
-                )
-                for st in self.state.values()
-            ),
-            default=float("inf"),
-        )
+        """Until the earliest timer of the shards. While a planning pass is out, plan
+        timers are its own (it wakes the loop when it ends): the loop would otherwise
+        spin, passing over every shard, until the pass had visited them all."""
+        earliest = float("inf")
+        planning = self._plan_task is not None
+        for st in self.state.values():
+            t = min(st.next_tick_ms, st.next_promote_ms, st.next_expire_ms, st.next_reap_ms)
+            if t < earliest:
+                earliest = t
+            if not planning and st.next_plan_ms < earliest:
+                earliest = st.next_plan_ms
         wait_ms = min(earliest - self._shard_now(), float(self.settings.poll_cap_ms))
         return max(wait_ms, 0.0) / 1000.0
 
