@@ -8,6 +8,8 @@ b. batch: POST /v1/tasks/batch with `--batch` (1,000) tasks per request, same lo
    `--batch-connections` (4). Target
    >= 30,000 tasks/s.
 
+With `--unix` the api processes reach Redis over its Unix socket, not loopback TCP.
+
 With `--api-processes N`, N api processes (each on its own port) share the connections;
 the api CPU is theirs added up. The load generator reports its own CPU too.
 
@@ -263,6 +265,11 @@ def main(argv: list[str] | None = None) -> int:
         help="api processes, each on its own port; the connections are spread over them",
     )
     parser.add_argument("--parts", default="single,batch")
+    parser.add_argument(
+        "--unix",
+        action="store_true",
+        help="the api processes reach Redis over its Unix socket (as timewheel dev's do)",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument(
         "--py-spy", type=Path, help="record the api process with py-spy into this directory"
@@ -270,11 +277,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="tw-bench-api-") as tmp:
-        server = RedisServer(Path(tmp) / "redis", appendfsync="always")
+        server = RedisServer(Path(tmp) / "redis", appendfsync="always", unix_socket=args.unix)
         with server:
             admin_key = "tw_bench_admin"
+            redis_url = server.local_url if args.unix else server.url
             apis = [
-                start_api(server.url, admin_key, Path(tmp) / f"api-{i}.log")
+                start_api(redis_url, admin_key, Path(tmp) / f"api-{i}.log")
                 for i in range(args.api_processes)
             ]
             proc, port = apis[0]

@@ -15,6 +15,8 @@ carry the tenant's max_pending cap (the api's path: `Limiter.cap` in Python, the
 checked in lua/task_create.lua), and Redis's time per create (`INFO commandstats`,
 FCALL usec_per_call) is printed beside the caller's CPU: the cost of the exact limit.
 
+With `--unix` the engine connects over the server's Unix socket instead of loopback TCP.
+
 Run:  .venv/bin/python bench/engine_create.py                 (3 rounds of 5,000 creates)
       .venv/bin/python bench/engine_create.py --caps ab --rounds 6   (A/B, interleaved)
       .venv/bin/python bench/engine_create.py --profile out.prof   (cProfile one round)
@@ -107,6 +109,9 @@ def main() -> int:
     parser.add_argument("--appendfsync", default="always", choices=("always", "everysec", "no"))
     parser.add_argument("--uvloop", action="store_true", help="run on uvloop (as the api does)")
     parser.add_argument(
+        "--unix", action="store_true", help="connect over the server's Unix socket, not TCP"
+    )
+    parser.add_argument(
         "--caps",
         default="off",
         choices=("off", "on", "ab"),
@@ -115,9 +120,12 @@ def main() -> int:
     args = parser.parse_args()
     with (
         tempfile.TemporaryDirectory(prefix="tw-bench-engine-") as tmp,
-        RedisServer(Path(tmp) / "redis", appendfsync=args.appendfsync) as server,
+        RedisServer(
+            Path(tmp) / "redis", appendfsync=args.appendfsync, unix_socket=args.unix
+        ) as server,
     ):
-        main = rounds(server.url, args.rounds, args.creates, args.profile, args.caps)
+        url = server.local_url if args.unix else server.url
+        main = rounds(url, args.rounds, args.creates, args.profile, args.caps)
         if args.uvloop:
             import uvloop
 
@@ -132,6 +140,7 @@ def main() -> int:
         "bench": "engine_create",
         "appendfsync": args.appendfsync,
         "loop": "uvloop" if args.uvloop else "asyncio",
+        "connection": "unix socket" if args.unix else "tcp loopback",
         "caps": args.caps,
         "target_cpu_us": TARGET_US,
         "best_cpu_us": best,

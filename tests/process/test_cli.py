@@ -74,6 +74,13 @@ def test_dev_runs_redis_api_and_scheduler_and_stops_cleanly(tmp_path: Path) -> N
         try:
             assert client.config_get("appendonly") == {"appendonly": "yes"}
             assert client.config_get("appendfsync") == {"appendfsync": "always"}
+            # dev's own processes talk to it over its Unix socket, owner only; the TCP
+            # port serves everyone else
+            sock = tmp_path / "data" / "redis" / "redis.sock"
+            assert client.config_get("unixsocket") == {"unixsocket": str(sock.resolve())}
+            assert sock.stat().st_mode & 0o777 == 0o700
+            assert any("U" in c["flags"] for c in client.client_list())
+            assert f"unix://{sock.resolve()}" in log.read_text()
             stream = f"{{tw:{int(task_id[:3], 16)}}}:q:default:default"
             deadline = time.monotonic() + 5
             while not client.xlen(stream):

@@ -49,6 +49,7 @@ RECOMMENDED_CONFIG: dict[str, str] = {
 """Settings the shipped deploy/redis.conf also holds; every server started here uses them."""
 
 _CLUSTER_BUS_OFFSET = 10000
+_MAX_SOCKET_PATH = 107  # bytes of a Unix socket address's path (sun_path, 108 with its NUL)
 _MAX_CLUSTER_PORT = 65535 - _CLUSTER_BUS_OFFSET
 _POLL_INTERVAL_S = 0.02
 _LOG_TAIL_LINES = 20
@@ -158,6 +159,7 @@ class RedisServer:
         appendfsync: str = "always",
         cluster: bool = False,
         extra_config: Mapping[str, str] | None = None,
+        unix_socket: bool = False,
     ) -> None:
         """Describe a server; nothing runs until `start()`.
 
@@ -168,6 +170,8 @@ class RedisServer:
             appendfsync: "always", "everysec" or "no".
             cluster: Start with cluster-enabled yes.
             extra_config: Settings written after (and overriding) the defaults.
+            unix_socket: Also listen on data_dir/redis.sock (owner only), when that path
+                fits a Unix socket address (`socket_path`).
         """
         self.data_dir = data_dir
         self.port = port
@@ -175,6 +179,12 @@ class RedisServer:
         self.appendfsync = appendfsync
         self.cluster = cluster
         self.extra_config: dict[str, str] = dict(extra_config or {})
+        path = data_dir.resolve() / "redis.sock"
+        self.socket_path: Path | None = (
+            path if unix_socket and len(os.fsencode(path)) <= _MAX_SOCKET_PATH else None
+        )
+        """The Unix socket the server listens on too, or None (not asked for, or a path
+        too long for a socket address)."""
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -182,6 +192,13 @@ class RedisServer:
         """redis://host:port (port is 0 until the first `start()` when it was 0)."""
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"redis://{host}:{self.port}"
+
+    @property
+    def local_url(self) -> str:
+        """unix://<socket> when the server listens on a Unix socket, else `url`: what a
+        process on the same machine connects to (no TCP stack: some 15-20 us less CPU per
+        round trip on the client's side, docs/operations/deployment.md)."""
+        return f"unix://{self.socket_path}" if self.socket_path is not None else self.url
 
     @property
     def config_path(self) -> Path:
@@ -208,6 +225,8 @@ class RedisServer:
                 "protected-mode": "no",
             }
         )
+        if self.socket_path is not None:
+            settings.update({"unixsocket": str(self.socket_path), "unixsocketperm": "700"})
         if self.cluster:
             settings.update(
                 {
