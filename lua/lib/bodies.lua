@@ -25,7 +25,7 @@
 -- The layout is read once per call (every call touches one shard) and kept in BODY; the
 -- library calls body_forget() at the start of every call, so nothing outlives a call.
 --
---   body_forget()   drop what the last call read.
+--   body_forget()   drop what the last call read (and bind lib_c, below, at the first call).
 --   body_locate(tag, run_id) -> task_id, bkey, field   where a run's record lives.
 --   body_field(run_id) -> field   its field, in the shard body_locate last read.
 --   body_tag() -> tag   that shard's tag.
@@ -49,6 +49,23 @@
 --   body_name(level, v) -> name;  body_low_bits(task_id) -> x;  body_reverse(x) -> x'
 --   (bits 0 .. 19 backwards);  body_split(tag)   split the next hash (body_flush).
 
+-- C functions that the per-run paths call (body_locate, delivery_loader, record_retried,
+-- retry_or_bury), kept in one table of the library (one local: a chunk holds at most
+-- 200): reading one as a global's field (string.sub, redis.call) costs some 200
+-- instructions more, a few times per run. A library being loaded cannot reach string,
+-- cmsgpack or redis.call, so they are bound at the first call's start (body_forget calls
+-- lib_c.bind while lib_c.call is nil; the later helpers that use it check the same).
+-- Binding also sets the functions' Lua collector to a pause of 1000 %, once per library
+-- load (docs/design.md, the Function library).
+local lib_c = {}
+
+function lib_c.bind()
+  lib_c.sub, lib_c.byte, lib_c.format = string.sub, string.byte, string.format
+  lib_c.find = string.find
+  lib_c.pack, lib_c.unpack, lib_c.call = cmsgpack.pack, cmsgpack.unpack, redis.call
+  collectgarbage('setpause', 1000)
+end
+
 -- Constants, in one table (a library's chunk holds at most 200 locals): records per hash
 -- before the next split; 2^20 hashes at most (four characters of the token); the level
 -- of a shard with no body_bits ('t:<xy>', 1,024 hashes); 2^20 walk positions; and as
@@ -56,8 +73,6 @@
 -- alphabet's values by byte, its characters by value, and powers of two.
 local BODY_K = {
   LOAD = 64, MAX_BITS = 20, LEGACY_BITS = 10, WALK = 1048576,
-  -- string.sub, byte and find for body_locate, bound by body_forget
-  C = {},
   -- floor(level / 5): the characters of the task id a level's hash names leave out
   DROP = {
     [0] = 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 4, 4
@@ -89,10 +104,8 @@ local BODY = { tag = false, bits = BODY_K.LEGACY_BITS, split = 0, settled = fals
 
 local function body_forget()
   BODY.tag, BODY.added = false, 0
-  local C = BODY_K.C
-  if C.sub == nil then
-    C.sub, C.byte, C.find = string.sub, string.byte, string.find
-    collectgarbage('setpause', 1000)  -- once per library load (docs/design.md)
+  if lib_c.call == nil then
+    lib_c.bind()
   end
 end
 
@@ -138,7 +151,7 @@ end
 -- so a malformed id finds no record rather than failing the call).
 local function body_low_bits(task_id)
   local n = #task_id
-  local a, b, c, d = BODY_K.C.byte(task_id, n - 3, n)
+  local a, b, c, d = lib_c.byte(task_id, n - 3, n)
   local V = BODY_K.VALUE
   return (((V[a] or 0) * 32 + (V[b] or 0)) * 32 + (V[c] or 0)) * 32 + (V[d] or 0)
 end
@@ -155,15 +168,14 @@ local function body_hash(b, x)
 end
 
 -- body_locate runs once per run of every call (tick, acks, fails, creates): the C
--- functions it calls come from BODY_K.C (bound by body_forget at a call's start: a
--- library being loaded cannot reach string), not a global's fields, and it looks for a
--- schedule run's '@' only past a task id's 16 characters.
+-- functions it calls come from lib_c, and it looks for a schedule run's '@' only past a
+-- task id's 16 characters.
 local function body_locate(tag, run_id)
   local b = BODY
   if b.tag ~= tag then
     b = body_layout(tag)
   end
-  local C = BODY_K.C
+  local C = lib_c
   local n, at = #run_id, nil
   if n > 16 then
     at = C.find(run_id, '@', 1, true)

@@ -43,9 +43,7 @@
 --       heads (optional): as for record_finish.
 --   record_head(heads, state, attempt) -> bytes   a record's first two bytes for a small
 --       state and attempt (one byte each), made once per attempt into heads (optional).
---   lib_c   the C functions the per-run paths of a batched report call (sub, byte, format,
---       pack, unpack, call), for the functions that follow it here and in later helpers;
---       lib_c.bind() fills it, and each of those functions calls it while lib_c.call is nil.
+--   lib_c (lib/bodies.lua)   the C functions the per-run paths call, bound once.
 local R_STATE, R_ATTEMPT, R_DUE, R_TENANT, R_QUEUE, R_CREATED = 1, 2, 3, 4, 5, 6
 local R_PAYLOAD, R_OPTS, R_UPDATED, R_ERROR, R_SCHEDULE, R_DEAD = 7, 8, 9, 10, 11, 12
 local ST_SCHEDULED, ST_DISPATCHED, ST_SUCCEEDED, ST_CANCELLED, ST_DEAD = 0, 1, 2, 3, 4
@@ -236,19 +234,6 @@ local function record_save(bkey, run_id, r, field)
   local raw = record_pack(r)
   redis.call('HSET', bkey, field or body_field(run_id), raw)
   return raw
-end
-
--- C functions that the per-run paths of batched reports call (delivery_loader,
--- record_retried, retry_or_bury), kept in one table of the library (one local: a chunk
--- holds at most 200): reading one as a global's field (string.sub, redis.call) costs some
--- 200 instructions more, a few times per run. A library being loaded cannot reach string,
--- cmsgpack or redis.call, so they are bound on first use (lib_c.bind), by whichever of
--- those functions a call reaches first.
-local lib_c = {}
-
-function lib_c.bind()
-  lib_c.sub, lib_c.byte, lib_c.format = string.sub, string.byte, string.format
-  lib_c.pack, lib_c.unpack, lib_c.call = cmsgpack.pack, cmsgpack.unpack, redis.call
 end
 
 -- The nils that fill the places between a record's last value and updated (field 9).
