@@ -2,15 +2,19 @@
 packed calls, which must behave as redis-py's own way through a call does."""
 
 import asyncio
+import time
 from typing import Any
 
 import hiredis
 import pytest
+import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from timewheel.config import Settings
 from timewheel.engine import Engine, NewTask
 from timewheel.errors import RedisUnavailable
+from timewheel.store import pipeline
+from timewheel.store.deadlines import Deadlines
 from timewheel.store.server import RedisServer
 from timewheel.store.shard import Call
 
@@ -115,4 +119,41 @@ async def test_a_server_without_the_library_gets_it_on_a_lane_write(
         result = await engine.tasks.create(NewTask(tenant="t", delay_ms=60_000))
         assert (await engine.tasks.get("t", result.task_id)).state == "scheduled"
     finally:
+        await engine.close()
+
+
+async def test_a_reply_later_than_the_deadline_is_a_timeout_and_the_connection_is_dropped(
+    standalone_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Redis busy past the lane's deadline (a script running on another connection): the
+    exchange raises TimeoutError about when the deadline passes, its connection is
+    closed, and the next exchange reads its own reply, not the late one."""
+    monkeypatch.setattr(pipeline, "SOCKET_TIMEOUT_S", 0.3)
+    engine = await Engine.connect(Settings(redis_url=standalone_url))
+    lane = engine.store.lane
+    assert lane is not None
+    lane._deadlines = Deadlines(0.05)
+    other = aioredis.Redis.from_url(standalone_url)
+    try:
+        await lane.exchange(_packed("ECHO", "warm"), 1)
+        busy_s = 1.5
+        spin = (
+            "local t = redis.call('TIME') local t0 = t[1] * 1e6 + t[2] "
+            "repeat t = redis.call('TIME') until t[1] * 1e6 + t[2] - t0 > tonumber(ARGV[1])"
+        )
+
+        async def run_spin() -> None:
+            await other.eval(spin, 0, str(int(busy_s * 1e6)))
+
+        busy = asyncio.create_task(run_spin())
+        await asyncio.sleep(0.1)  # the script runs
+        started = time.monotonic()
+        with pytest.raises(TimeoutError):
+            await lane.exchange(_packed("ECHO", "late"), 1)
+        elapsed = time.monotonic() - started
+        assert 0.3 <= elapsed < busy_s  # the deadline, not the reply, ended it
+        await busy
+        assert await lane.exchange(_packed("ECHO", "next"), 1) == [b"next"]
+    finally:
+        await other.aclose()
         await engine.close()

@@ -28,6 +28,7 @@ from timewheel.errors import RedisUnavailable
 from timewheel.runs.delivery import Delivery, parse_fields
 from timewheel.runs.outcomes import ACKED, Outcomes, by_shard, report_keys
 from timewheel.store.connection import SOCKET_TIMEOUT_S, demoted
+from timewheel.store.deadlines import Deadlines
 from timewheel.store.library import is_missing_function
 
 try:  # the end-of-buffer marker of redis-py's hiredis parser (redis-py >= 5)
@@ -52,6 +53,7 @@ class Wire:
         self._idle: list[Any] = []
         self._ack_heads: dict[int, list[Any]] = {}
         """Per shard: a run_ack call's event log key, group and shared arguments."""
+        self._deadlines = Deadlines()
 
     async def read(
         self, count: int, streams: Sequence[str], block_ms: int | None
@@ -126,7 +128,7 @@ class Wire:
                 except ResponseError as exc:
                     out = [exc]
             else:
-                out = await _read_replies(conn, replies)
+                out = await _read_replies(conn, replies, self._deadlines)
             if demoted(out):  # a primary Sentinel demoted: connect again to the new one
                 await conn.disconnect()
             return out
@@ -158,9 +160,10 @@ class Wire:
             await self.pool.release(conn)
 
 
-async def _read_replies(conn: Any, count: int) -> list[Any]:
+async def _read_replies(conn: Any, count: int, deadlines: Deadlines) -> list[Any]:
     """`count` replies, taken from the hiredis reader of redis-py's parser while it holds
-    whole ones (the parser's own read_response costs more per reply than the reply)."""
+    whole ones (the parser's own read_response costs more per reply than the reply),
+    within one deadline of SOCKET_TIMEOUT_S for them all."""
     parser = getattr(conn, "_parser", None)
     reader = getattr(parser, "_reader", None)
     read_more = getattr(parser, "read_from_socket", None)
@@ -174,11 +177,17 @@ async def _read_replies(conn: Any, count: int) -> list[Any]:
         return out
     out = []
     gets = reader.gets
-    async with asyncio.timeout(SOCKET_TIMEOUT_S):  # one deadline for the whole pipeline
+    task = deadlines.enter(SOCKET_TIMEOUT_S)
+    try:
         while len(out) < count:
             reply = gets()
             if reply is NOT_ENOUGH_DATA or reply is False:
                 await read_more()
             else:
                 out.append(reply)
+    except asyncio.CancelledError:
+        deadlines.raise_if_expired(task)
+        raise
+    finally:
+        deadlines.leave(task)
     return out

@@ -27,6 +27,7 @@ from timewheel.store.connection import (
     demoted,
     torn_connection,
 )
+from timewheel.store.deadlines import Deadlines
 from timewheel.store.library import Script, ScriptArg, is_missing_function
 from timewheel.store.replication import ReplicaWait
 
@@ -50,13 +51,16 @@ class Lane:
     stream while idle: it is reconnected before use, as the pool's probe would. A
     connection that fails halfway is closed (its replies may be left unread); the next
     use connects it again. So is one whose server answered READONLY (a primary demoted
-    by Sentinel): on a Sentinel URL it connects again to the promoted replica.
+    by Sentinel): on a Sentinel URL it connects again to the promoted replica. An exchange
+    that gets no reply within SOCKET_TIMEOUT_S (checked once a second: store/deadlines.py)
+    raises TimeoutError.
     """
 
     def __init__(self, client: aioredis.Redis, *, keep: int = 4):
         self.pool = client.connection_pool
         self.keep = keep
         self._idle: list[Any] = []
+        self._deadlines = Deadlines()
 
     async def exchange(self, packed: bytes, count: int) -> list[Any]:
         """Send packed commands and read their `count` replies; error replies are
@@ -74,7 +78,8 @@ class Lane:
                 await conn.connect()
             writer, parser = conn._writer, conn._parser
             gets, read_more = parser._reader.gets, parser.read_from_socket
-            async with asyncio.timeout(SOCKET_TIMEOUT_S):
+            task = self._deadlines.enter(SOCKET_TIMEOUT_S)
+            try:
                 try:
                     writer.write(packed)
                     await writer.drain()
@@ -87,6 +92,11 @@ class Lane:
                         await read_more()
                     else:
                         out.append(reply)
+            except asyncio.CancelledError:
+                self._deadlines.raise_if_expired(task)
+                raise
+            finally:
+                self._deadlines.leave(task)
         except BaseException:
             await conn.disconnect()
             await self._give_back(conn)
@@ -192,7 +202,9 @@ async def _send(
 ) -> tuple[list[Any], dict[str, tuple[Any, Any]]]:
     """One pipeline of `calls` (then a WAIT per primary used, when `replicas` wants one):
     (the calls' replies, primary name -> (its node, its WAIT's reply))."""
-    if not isinstance(client, RedisCluster):
+    # A lane is a standalone client's (and isinstance against RedisCluster, whose bases
+    # include typing Protocols, costs some microseconds a call).
+    if lane is not None or not isinstance(client, RedisCluster):
         wait = replicas is not None and await replicas.waits_on(client, "", None)
         if lane is not None:
             packed = [pack_call(c.script, c.keys, c.args) for c in calls]
@@ -201,6 +213,7 @@ async def _send(
                 packed.append(hiredis.pack_command(replicas.command))
             results = await lane.exchange(b"".join(packed), len(packed))
         else:
+            assert not isinstance(client, RedisCluster)
             commands = [("FCALL", c.script.function, len(c.keys), *c.keys, *c.args) for c in calls]
             if wait:
                 assert replicas is not None
