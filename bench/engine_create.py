@@ -17,9 +17,16 @@ FCALL usec_per_call) is printed beside the caller's CPU: the cost of the exact l
 
 With `--unix` the engine connects over the server's Unix socket instead of loopback TCP.
 
+With `--callgrind` the bench runs again under valgrind's callgrind, instrumented only
+while a round's creates run, and prints the instructions this process executed per
+create: the Python side's work in user space (the kernel's socket work is not counted),
+which, unlike CPU time, the host's load does not change (an A/B of two checkouts through
+PYTHONPATH compares their code exactly).
+
 Run:  .venv/bin/python bench/engine_create.py                 (3 rounds of 5,000 creates)
       .venv/bin/python bench/engine_create.py --caps ab --rounds 6   (A/B, interleaved)
       .venv/bin/python bench/engine_create.py --profile out.prof   (cProfile one round)
+      .venv/bin/python bench/engine_create.py --callgrind --uvloop --unix --creates 2000
 """
 
 from __future__ import annotations
@@ -28,6 +35,11 @@ import argparse
 import asyncio
 import cProfile
 import json
+import os
+import re
+import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -51,8 +63,44 @@ async def fcall_us(engine: Engine) -> float:
     return float(stats.get("cmdstat_fcall", {}).get("usec_per_call", 0.0))
 
 
+class Callgrind:
+    """callgrind_control on this process (run under valgrind's callgrind): count only
+    while a round's creates run."""
+
+    def __init__(self, out_dir: Path) -> None:
+        self.out_dir = out_dir
+
+    def _control(self, *args: str) -> None:
+        subprocess.run(
+            ["callgrind_control", *args, str(os.getpid())], check=True, capture_output=True
+        )
+
+    def start(self) -> None:
+        self._control("-i", "on")
+        self._control("-z")
+
+    def stop(self, part: str) -> int:
+        """Instructions since start(), from the dump written for `part`."""
+        self._control("-d", part)
+        self._control("-i", "off")
+        for dump in self.out_dir.glob("cg.*"):
+            with dump.open(errors="replace") as f:
+                head = f.read(4096)
+            if f"desc: Trigger: dump {part}\n" in head:
+                m = re.search(r"^totals: (\d+)", dump.read_text(errors="replace"), re.MULTILINE)
+                if m is None:
+                    raise RuntimeError(f"no totals in {dump}")
+                return int(m.group(1))
+        raise RuntimeError(f"no callgrind dump for {part} in {self.out_dir}")
+
+
 async def rounds(
-    url: str, rounds: int, creates: int, profile: Path | None, caps_mode: str
+    url: str,
+    rounds: int,
+    creates: int,
+    profile: Path | None,
+    caps_mode: str,
+    callgrind: Callgrind | None = None,
 ) -> list[Any]:
     engine = await Engine.connect(Settings(redis_url=url))
     out: list[Any] = []
@@ -68,6 +116,8 @@ async def rounds(
             caps: CapOf | None = limiter.cap if capped else None
             prof = cProfile.Profile() if profile is not None and r == 0 else None
             await engine.client.config_resetstat()
+            if callgrind is not None:
+                callgrind.start()
             cpu, wall = time.process_time(), time.perf_counter()
             if prof is not None:
                 prof.enable()
@@ -78,6 +128,7 @@ async def rounds(
                 assert profile is not None
                 prof.dump_stats(str(profile))
             cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+            counted = callgrind.stop(f"round-{r + 1}") if callgrind is not None else None
             out.append(
                 {
                     "creates": creates,
@@ -88,11 +139,18 @@ async def rounds(
                     "profiled": prof is not None,
                 }
             )
+            if counted is not None:
+                out[-1]["instructions_per_create"] = round(counted / creates)
             print(
                 f"round {r + 1} ({'caps' if capped else 'no caps'}): "
                 f"{out[-1]['cpu_us_per_create']} us CPU per create, "
                 f"Redis {out[-1]['redis_us_per_create']} us per FCALL, "
-                f"{out[-1]['creates_per_s']:,} creates/s{' (profiled)' if prof else ''}",
+                f"{out[-1]['creates_per_s']:,} creates/s{' (profiled)' if prof else ''}"
+                + (
+                    f", {out[-1]['instructions_per_create']:,} instructions per create"
+                    if counted is not None
+                    else ""
+                ),
                 flush=True,
             )
     finally:
@@ -117,7 +175,16 @@ def main() -> int:
         choices=("off", "on", "ab"),
         help="creates carry the tenant's max_pending cap: never, always, every other round",
     )
+    parser.add_argument(
+        "--callgrind",
+        action="store_true",
+        help="count this process's instructions per create under valgrind's callgrind",
+    )
+    parser.add_argument("--callgrind-dir", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.callgrind and args.callgrind_dir is None:
+        return under_callgrind()
+    callgrind = Callgrind(args.callgrind_dir) if args.callgrind_dir is not None else None
     with (
         tempfile.TemporaryDirectory(prefix="tw-bench-engine-") as tmp,
         RedisServer(
@@ -125,7 +192,7 @@ def main() -> int:
         ) as server,
     ):
         url = server.local_url if args.unix else server.url
-        main = rounds(url, args.rounds, args.creates, args.profile, args.caps)
+        main = rounds(url, args.rounds, args.creates, args.profile, args.caps, callgrind)
         if args.uvloop:
             import uvloop
 
@@ -138,6 +205,7 @@ def main() -> int:
     print(f"best {best} us CPU per create; target <= {TARGET_US} us", flush=True)
     out: dict[str, Any] = {
         "bench": "engine_create",
+        "python": sys.version.split()[0],
         "appendfsync": args.appendfsync,
         "loop": "uvloop" if args.uvloop else "asyncio",
         "connection": "unix socket" if args.unix else "tcp loopback",
@@ -145,6 +213,10 @@ def main() -> int:
         "target_cpu_us": TARGET_US,
         "best_cpu_us": best,
     }
+    counts = [r["instructions_per_create"] for r in results if "instructions_per_create" in r]
+    if counts:
+        out["instructions_per_create"] = sorted(counts)
+        print(f"instructions per create: {sorted(counts)}", flush=True)
     for label, capped in (("no_caps", False), ("caps", True)):
         rows = [r for r in results if r["caps"] is capped and not r["profiled"]]
         if rows and args.caps == "ab":
@@ -160,6 +232,26 @@ def main() -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({**out, "rounds": results}, indent=2) + "\n")
     return 0
+
+
+def under_callgrind() -> int:
+    """This bench again, with the same arguments, in valgrind's callgrind (instrumented
+    only while the creates run: Callgrind)."""
+    if shutil.which("valgrind") is None:
+        print("valgrind not found (Debian: apt-get install valgrind)", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory(prefix="tw-bench-cg-") as tmp:
+        command = [
+            "valgrind",
+            "--tool=callgrind",
+            "--instr-atstart=no",
+            f"--callgrind-out-file={tmp}/cg.%p",
+            sys.executable,
+            *sys.argv,
+            "--callgrind-dir",
+            tmp,
+        ]
+        return subprocess.run(command, check=False).returncode
 
 
 if __name__ == "__main__":
