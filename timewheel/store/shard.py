@@ -33,9 +33,11 @@ from timewheel.store.replication import ReplicaWait
 R = TypeVar("R")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Call(Generic[R]):
-    """One call of a Lua operation: its function, KEYS and ARGV, and its reply decoder."""
+    """One call of a Lua operation: its function, KEYS and ARGV, and its reply decoder.
+    Not frozen, though nothing changes one: a frozen dataclass sets each field through
+    object.__setattr__, some 1,100 instructions a field, on every call made."""
 
     script: Script
     keys: list[str]

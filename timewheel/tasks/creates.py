@@ -14,9 +14,10 @@ from timewheel.store.library import ScriptArg
 from timewheel.tasks.model import CreateResult, NewTask, Task
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class PreparedCreate:
-    """A validated create: its request, id, shard and the 8 values task_create.lua takes."""
+    """A validated create: its request, id, shard and the 8 values task_create.lua takes.
+    Not frozen, though nothing changes one (as store/shard.py's Call: one per create)."""
 
     new: NewTask
     task_id: str
