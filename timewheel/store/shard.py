@@ -44,6 +44,9 @@ class Call(Generic[R]):
     keys: list[str]
     args: list[ScriptArg]
     decode: Callable[[Any], R]
+    head: int = 0
+    """How many of the first ARGV values repeat from call to call of this script and
+    KEYS (a shard's shared arguments, say): a lane packs them once (pipeline.Lane.pack)."""
 
 
 RECORDS_PER_CALL = 1000

@@ -153,13 +153,13 @@ class TaskOps:
         shard = prepared.shard
         await self.store.guard.check([shard])
         k = self.store.keys
+        head = self.store.shared(shard, now_ms) + cap_args([prepared], shard, caps, False)
         call = Call(
             self.store.scripts.task_create,
             [k.meta(shard), k.events(shard)],
-            self.store.shared(shard, now_ms)
-            + cap_args([prepared], shard, caps, False)
-            + prepared.group,
+            head + prepared.group,
             lambda reply: result_of(outcome_of(prepared, reply[0])),
+            len(head),
         )
         return await self.store.write(call)
 
