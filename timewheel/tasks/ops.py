@@ -122,15 +122,14 @@ class TaskOps:
             head = self.store.shared(shard, now_ms)
             for low in range(0, len(group), CREATE_CHUNK):
                 chunk = group[low : low + CREATE_CHUNK]
-                args = head + cap_args(chunk, shard, caps, whole)
-                args += [v for p in chunk for v in p.group]
+                front = head + cap_args(chunk, shard, caps, whole)
+                args = front + [v for p in chunk for v in p.group]
 
                 def decode(reply: list[Any], chunk: list[PreparedCreate] = chunk) -> Any:
                     return [(p, outcome_of(p, r)) for p, r in zip(chunk, reply, strict=True)]
 
-                calls.append(
-                    Call(scripts.task_create, [k.meta(shard), k.events(shard)], args, decode)
-                )
+                keys = [k.meta(shard), k.events(shard)]
+                calls.append(Call(scripts.task_create, keys, args, decode, len(front)))
         return calls
 
     async def create(
