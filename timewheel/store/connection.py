@@ -110,7 +110,11 @@ def demoted(replies: Iterable[object]) -> bool:
     primary). A connection that reads replies past redis-py's read_response (the packed
     pipelines) closes itself then, so that it connects again to the primary Sentinel
     names, as a SentinelManagedConnection does on its own reads."""
-    return any(isinstance(reply, ReadOnlyError) for reply in replies)
+    # A loop, not any() over a generator: this runs on every lane exchange.
+    for reply in replies:  # noqa: SIM110
+        if isinstance(reply, ReadOnlyError):
+            return True
+    return False
 
 
 class FcallRoutingCluster(RedisCluster):

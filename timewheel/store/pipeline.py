@@ -84,7 +84,8 @@ class Lane:
             try:
                 try:
                     writer.write(packed)
-                    await writer.drain()
+                    if writer.transport.get_write_buffer_size():  # else nothing to wait for
+                        await writer.drain()
                 except RuntimeError as exc:  # uvloop: the transport was closed under it
                     raise ConnectionError(f"Error while writing to Redis: {exc}") from exc
                 out: list[Any] = []
@@ -105,7 +106,8 @@ class Lane:
             raise
         if demoted(out):
             await conn.disconnect()
-        await self._give_back(conn)
+        if not self._keep(conn):
+            await self.pool.release(conn)
         return out
 
     def pack(self, call: ScriptCall) -> bytes:
@@ -131,10 +133,15 @@ class Lane:
     async def _checkout(self) -> Any:
         return await self.pool.get_connection()  # type: ignore[no-untyped-call]
 
-    async def _give_back(self, conn: Any) -> None:
+    def _keep(self, conn: Any) -> bool:
+        """Keep an idle connection, unless `keep` are kept already (then False)."""
         if len(self._idle) < self.keep:
             self._idle.append(conn)
-        else:
+            return True
+        return False
+
+    async def _give_back(self, conn: Any) -> None:
+        if not self._keep(conn):
             await self.pool.release(conn)
 
     async def close(self) -> None:
