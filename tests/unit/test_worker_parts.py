@@ -61,6 +61,23 @@ def test_fields_by_position_match_fields_by_name(extra: list[bytes]) -> None:
     assert by_name.visibility_timeout_ms == (600 if b"600" in extra else None)
 
 
+def test_a_delivery_read_by_position_is_the_frozen_delivery_its_init_builds() -> None:
+    """parse_fields sets Delivery's slots through their descriptors (its __init__ would
+    set them through object.__setattr__): the result is the same frozen, hashable value."""
+    fields = [*BASE, b"schedule_id", b"01fsched", b"visibility_timeout_ms", b"600"]
+    parsed = parse_fields("s", b"1-0", fields)
+    built = Delivery(
+        "s", "1-0", "01f0abc", "01f0abc", "01fsched", "acme", "jobs", 2,
+        1_800_000_000_000, 1_800_000_000_012, '{"n":1}', 600,
+    )  # fmt: skip
+    assert type(parsed) is Delivery
+    assert parsed == built and hash(parsed) == hash(built)
+    assert dataclasses.astuple(parsed) == dataclasses.astuple(built)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        parsed.attempt = 3  # type: ignore[misc]
+    assert dataclasses.replace(parsed, attempt=3).attempt == 3
+
+
 def test_fields_in_another_order_are_read_by_name() -> None:
     pairs = list(zip(BASE[::2], BASE[1::2], strict=True))[::-1]
     fields = [x for pair in pairs for x in pair]
