@@ -21,6 +21,9 @@ d. runners: no Redis; what running a no-op handler with bounded concurrency cost
 Run:  .venv/bin/python bench/worker.py                 (every part)
       .venv/bin/python bench/worker.py --quick         (a tenth of the sizes, steady 10 s)
       .venv/bin/python bench/worker.py --parts herd --processes 1 --out /tmp/w.json
+      .venv/bin/python bench/worker.py --parts herd --processes 1 --runs 5000 \
+          --worker-callgrind      (the worker's instructions per run, which the host's
+                                   load does not change)
 
 With PYTHONPATH set to another checkout, the processes run that checkout's code (an A/B
 comparison: give --processes 1 to a tree whose worker has no --processes).
@@ -71,6 +74,9 @@ LOAD_RATE_GUESS = 12_000
 """Creates/s assumed when picking T0 of the herd."""
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PREFETCH: int | None = None
+WORKER_CALLGRIND: Path | None = None
+"""With --worker-callgrind: the herd's worker process runs under valgrind's callgrind
+(dumps here), instrumented only while it drains the herd."""
 """--prefetch of the worker processes (None: the worker's default)."""
 
 
@@ -113,6 +119,14 @@ class WorkerProcess:
             command += ["--processes", str(processes)]
         if PREFETCH is not None:
             command += ["--prefetch", str(PREFETCH)]
+        if WORKER_CALLGRIND is not None:
+            command = [
+                "valgrind",
+                "--tool=callgrind",
+                "--instr-atstart=no",
+                f"--callgrind-out-file={WORKER_CALLGRIND}/cg.%p",
+                *command,
+            ]
         with self.log_path.open("wb") as log:
             self.proc = subprocess.Popen(
                 command,
@@ -123,7 +137,28 @@ class WorkerProcess:
             )
         self.processes = processes
 
+    def callgrind(self, *args: str) -> None:
+        """callgrind_control on the worker process (under --worker-callgrind)."""
+        subprocess.run(
+            ["callgrind_control", *args, str(self.proc.pid)], check=True, capture_output=True
+        )
+
+    def instructions(self, part: str) -> int:
+        """The worker's instructions since callgrind('-z'), dumped now as `part`."""
+        assert WORKER_CALLGRIND is not None
+        self.callgrind("-d", part)
+        self.callgrind("-i", "off")
+        for dump in WORKER_CALLGRIND.glob("cg.*"):
+            text = dump.read_text(errors="replace")
+            if f"desc: Trigger: dump {part}\n" in text:
+                for line in text.splitlines():
+                    if line.startswith("totals: "):
+                        return int(line.split()[1])
+        raise RuntimeError(f"no callgrind dump {part} in {WORKER_CALLGRIND}")
+
     async def wait_started(self, timeout_s: float = 30.0) -> None:
+        if WORKER_CALLGRIND is not None:
+            timeout_s *= 10  # valgrind starts Python some 50 times slower
         deadline = time.monotonic() + timeout_s
         while self.log_path.read_text(errors="replace").count("worker_started") < self.processes:
             if self.proc.poll() is not None or time.monotonic() > deadline:
@@ -288,7 +323,13 @@ async def herd(url: str, work: Path, runs: int, processes: int) -> dict[str, Any
         cpu0, redis0 = worker.cpu_s(), await redis_cpu_s(client)
         sched0 = process_cpu_s(sched.pid)
         counters0, usec0 = await redis_counters(client), await command_usec(client)
+        if WORKER_CALLGRIND is not None:
+            worker.callgrind("-i", "on")
+            worker.callgrind("-z")
         cpu1 = await wait_handled(worker, client, engine, runs, 120)
+        instructions = (
+            worker.instructions(f"herd-{processes}") if WORKER_CALLGRIND is not None else None
+        )
         redis1, sched1 = await redis_cpu_s(client), process_cpu_s(sched.pid)
         counters1, usec1 = await redis_counters(client), await command_usec(client)
     finally:
@@ -309,6 +350,7 @@ async def herd(url: str, work: Path, runs: int, processes: int) -> dict[str, Any
         "last_start_ms": last,
         **lag_figures(notes),
         "worker_cpu_us_per_run": round((cpu1 - cpu0) / runs * 1e6, 1),
+        "worker_instructions_per_run": round(instructions / runs) if instructions else None,
         "redis_cpu_us_per_run": round((redis1 - redis0) / runs * 1e6, 1),
         "scheduler_cpu_us_per_run": round((sched1 - sched0) / runs * 1e6, 1),
         **per_run(counters0, counters1, runs),
@@ -650,12 +692,18 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--prefetch", type=int, help="the workers' --prefetch")
+    parser.add_argument(
+        "--worker-callgrind",
+        action="store_true",
+        help="herd: count the worker process's instructions per run under callgrind "
+        "(one process; use --runs 5000 or so: valgrind is some 50 times slower)",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     if args.command == "_load":
         load_main(args.url, args.rate, args.seconds)
         return
-    global PREFETCH
+    global PREFETCH, WORKER_CALLGRIND
     PREFETCH = args.prefetch
     if args.quick:
         args.runs, args.backlog_runs, args.seconds = 10_000, 20_000, 10.0
@@ -671,6 +719,9 @@ def main() -> None:
     }
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
+        if args.worker_callgrind:
+            WORKER_CALLGRIND = root / "callgrind"
+            WORKER_CALLGRIND.mkdir()
         if "herd" in parts:
             result["herd"] = [
                 on_fresh_server(root, f"herd-{n}", herd, args.runs, int(n))
@@ -684,7 +735,12 @@ def main() -> None:
                     f"scheduler {h['scheduler_cpu_us_per_run']} us/run, "
                     f"Redis {h['redis_cpu_us_per_run']} us/run (sys {h['redis_sys_us_per_run']}, "
                     f"{h['redis_client_reads_per_1000_runs']} reads/1000 runs) "
-                    f"({h['handled']}/{h['runs']})",
+                    f"({h['handled']}/{h['runs']})"
+                    + (
+                        f", worker {h['worker_instructions_per_run']:,} instructions/run"
+                        if h.get("worker_instructions_per_run")
+                        else ""
+                    ),
                     flush=True,
                 )
         if "steady" in parts:
