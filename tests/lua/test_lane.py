@@ -13,7 +13,6 @@ from redis.exceptions import ResponseError
 from timewheel.config import Settings
 from timewheel.engine import Engine, NewTask
 from timewheel.errors import RedisUnavailable
-from timewheel.store import pipeline
 from timewheel.store.deadlines import Deadlines
 from timewheel.store.server import RedisServer
 from timewheel.store.shard import Call
@@ -123,16 +122,15 @@ async def test_a_server_without_the_library_gets_it_on_a_lane_write(
 
 
 async def test_a_reply_later_than_the_deadline_is_a_timeout_and_the_connection_is_dropped(
-    standalone_url: str, monkeypatch: pytest.MonkeyPatch
+    standalone_url: str,
 ) -> None:
     """Redis busy past the lane's deadline (a script running on another connection): the
     exchange raises TimeoutError about when the deadline passes, its connection is
     closed, and the next exchange reads its own reply, not the late one."""
-    monkeypatch.setattr(pipeline, "SOCKET_TIMEOUT_S", 0.3)
     engine = await Engine.connect(Settings(redis_url=standalone_url))
     lane = engine.store.lane
     assert lane is not None
-    lane._deadlines = Deadlines(0.05)
+    lane._deadlines = Deadlines(0.3, 0.05)  # 0.3 s, checked every 0.05 s
     other = aioredis.Redis.from_url(standalone_url)
     try:
         await lane.exchange(_packed("ECHO", "warm"), 1)

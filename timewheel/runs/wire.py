@@ -15,7 +15,6 @@ loads it and sends the call again.
 
 from __future__ import annotations
 
-import asyncio
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -53,7 +52,7 @@ class Wire:
         self._idle: list[Any] = []
         self._ack_heads: dict[int, list[Any]] = {}
         """Per shard: a run_ack call's event log key, group and shared arguments."""
-        self._deadlines = Deadlines()
+        self._deadlines = Deadlines(SOCKET_TIMEOUT_S)
 
     async def read(
         self, count: int, streams: Sequence[str], block_ms: int | None
@@ -177,17 +176,11 @@ async def _read_replies(conn: Any, count: int, deadlines: Deadlines) -> list[Any
         return out
     out = []
     gets = reader.gets
-    task = deadlines.enter(SOCKET_TIMEOUT_S)
-    try:
+    with deadlines:
         while len(out) < count:
             reply = gets()
             if reply is NOT_ENOUGH_DATA or reply is False:
                 await read_more()
             else:
                 out.append(reply)
-    except asyncio.CancelledError:
-        deadlines.raise_if_expired(task)
-        raise
-    finally:
-        deadlines.leave(task)
     return out

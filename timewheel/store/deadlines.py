@@ -7,16 +7,15 @@ an exchange in a dict and checks them all from one timer a second, armed while a
 pending: an exchange costs a dict entry, and its deadline fires up to `tick_s` late
 (a deadline of 30 s fires by 31 s).
 
-    task = deadlines.enter(SOCKET_TIMEOUT_S)
-    try:
-        ...  # awaits that must end in time
-    except asyncio.CancelledError:
-        deadlines.raise_if_expired(task)  # TimeoutError if the deadline cancelled it
-        raise
-    finally:
-        deadlines.leave(task)
+    deadlines = Deadlines(SOCKET_TIMEOUT_S)  # one per lane or wire
+    ...
+    with deadlines:
+        ...  # awaits that must end within SOCKET_TIMEOUT_S: TimeoutError if they do not
 
-A task holds one deadline of a `Deadlines` at a time (exchanges do not nest).
+A plain context manager, shared by the tasks that use it: it keys each deadline by the
+current task, and a CancelledError raised at an await in its body reaches its __exit__
+as any exception does. A task holds one deadline of a `Deadlines` at a time (exchanges
+do not nest).
 """
 
 from __future__ import annotations
@@ -29,9 +28,11 @@ TICK_S = 1.0
 
 
 class Deadlines:
-    """The pending deadlines of tasks exchanging with Redis, checked once per `tick_s`."""
+    """The pending deadlines of tasks exchanging with Redis, each `seconds` from its
+    start, checked once per `tick_s`."""
 
-    def __init__(self, tick_s: float = TICK_S) -> None:
+    def __init__(self, seconds: float, tick_s: float = TICK_S) -> None:
+        self.seconds = seconds
         self.tick_s = tick_s
         self._due: dict[asyncio.Task[Any], tuple[float, int]] = {}
         """task -> (its deadline on the loop's clock, its cancel requests when it entered)"""
@@ -41,8 +42,8 @@ class Deadlines:
         self._loop: asyncio.AbstractEventLoop | None = None
         """the loop the timer is armed on (a new loop, as in tests, arms its own)"""
 
-    def enter(self, seconds: float) -> asyncio.Task[Any]:
-        """Start the current task's deadline, `seconds` from now; returns the task.
+    def __enter__(self) -> None:
+        """Start the current task's deadline.
 
         Raises:
             RuntimeError: outside a task, or the task already has a deadline here.
@@ -53,22 +54,23 @@ class Deadlines:
         if task in self._due:
             raise RuntimeError("a task holds one deadline of a Deadlines at a time")
         loop = task.get_loop()
-        self._due[task] = (loop.time() + seconds, task.cancelling())
+        self._due[task] = (loop.time() + self.seconds, task.cancelling())
         if self._timer is None or self._loop is not loop:
             self._timer, self._loop = loop.call_later(self.tick_s, self._check, loop), loop
-        return task
 
-    def leave(self, task: asyncio.Task[Any]) -> None:
-        """End the task's deadline (whether or not it expired)."""
+    def __exit__(self, kind: type[BaseException] | None, exc: object, tb: object) -> None:
+        """End the current task's deadline. When its body ends in a CancelledError:
+        raise TimeoutError if the deadline cancelled it and nothing else asked to cancel
+        it too (then the CancelledError goes on, as with asyncio.timeout)."""
+        task = asyncio.current_task()
+        assert task is not None
         self._due.pop(task, None)
-        self._expired.pop(task, None)
-
-    def raise_if_expired(self, task: asyncio.Task[Any]) -> None:
-        """Called on a CancelledError in the task's exchange: raise TimeoutError if its
-        deadline cancelled it and nothing else asked to cancel it too (then the
-        CancelledError goes on, as with asyncio.timeout)."""
         cancelling = self._expired.pop(task, None)
-        if cancelling is not None and task.uncancel() <= cancelling:
+        if (
+            kind is asyncio.CancelledError
+            and cancelling is not None
+            and task.uncancel() <= cancelling
+        ):
             raise TimeoutError("no reply from Redis in time") from None
 
     def _check(self, loop: asyncio.AbstractEventLoop) -> None:

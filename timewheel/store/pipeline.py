@@ -60,7 +60,7 @@ class Lane:
         self.pool = client.connection_pool
         self.keep = keep
         self._idle: list[Any] = []
-        self._deadlines = Deadlines()
+        self._deadlines = Deadlines(SOCKET_TIMEOUT_S)
         self._heads: dict[tuple[Any, ...], bytes] = {}
         """Packed FCALL heads (pack): the command, KEYS and the repeating ARGV values."""
 
@@ -80,8 +80,7 @@ class Lane:
                 await conn.connect()
             writer, parser = conn._writer, conn._parser
             gets, read_more = parser._reader.gets, parser.read_from_socket
-            task = self._deadlines.enter(SOCKET_TIMEOUT_S)
-            try:
+            with self._deadlines:
                 try:
                     writer.write(packed)
                     if writer.transport.get_write_buffer_size():  # else nothing to wait for
@@ -95,11 +94,6 @@ class Lane:
                         await read_more()
                     else:
                         out.append(reply)
-            except asyncio.CancelledError:
-                self._deadlines.raise_if_expired(task)
-                raise
-            finally:
-                self._deadlines.leave(task)
         except BaseException:
             await conn.disconnect()
             await self._give_back(conn)
