@@ -1,8 +1,10 @@
-"""Helpers the bench scripts share: percentiles, a scheduler process, the dispatched runs."""
+"""Helpers the bench scripts share: percentiles, a scheduler process, the dispatched runs,
+callgrind control."""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -57,3 +59,46 @@ async def dispatched_runs(engine: Engine) -> list[tuple[str, int, int]]:
                 out.append((f[b"run_id"].decode(), int(f[b"due_ms"]), int(f[b"dispatched_ms"])))
             last = entries[-1][0].decode()
     return out
+
+
+class CallgrindControl:
+    """callgrind_control on a process that runs under valgrind's callgrind with
+    --instr-atstart=no and --callgrind-out-file=<out_dir>/cg.%p: instructions are counted
+    only between start() and dump(part) (what the host's load does not change)."""
+
+    def __init__(self, out_dir: Path, pid: int = 0) -> None:
+        self.out_dir, self.pid = out_dir, pid
+
+    def control(self, *args: str) -> None:
+        subprocess.run(["callgrind_control", *args, str(self.pid)], check=True, capture_output=True)
+
+    def start(self) -> None:
+        self.control("-i", "on")
+        self.control("-z")
+
+    def dump(self, part: str) -> Path:
+        """Dump what was counted since start() as `part`, stop counting; the dump's path."""
+        self.control("-d", part)
+        self.control("-i", "off")
+        dumps = [p for p in self.out_dir.glob("cg.*") if dumped_part(p) == part]
+        if len(dumps) != 1:
+            raise RuntimeError(f"{len(dumps)} callgrind dumps for {part} in {self.out_dir}")
+        return dumps[0]
+
+    def instructions(self, part: str) -> int:
+        """dump(part)'s total instructions."""
+        m = re.search(r"^totals: (\d+)", self.dump(part).read_text(errors="replace"), re.M)
+        if m is None:
+            raise RuntimeError(f"no totals in the callgrind dump for {part}")
+        return int(m.group(1))
+
+
+def dumped_part(path: Path) -> str | None:
+    """The part a callgrind dump was written for ('dump <part>'), if it is one."""
+    with path.open(errors="replace") as f:
+        for line in f:
+            if line.startswith("desc: Trigger: dump "):
+                return line.removeprefix("desc: Trigger: dump ").strip()
+            if line.startswith("events:"):
+                return None
+    return None

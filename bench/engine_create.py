@@ -36,7 +36,6 @@ import asyncio
 import cProfile
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -44,6 +43,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from common import CallgrindControl
 
 from timewheel.config import Settings
 from timewheel.engine import Engine, NewTask
@@ -63,44 +64,13 @@ async def fcall_us(engine: Engine) -> float:
     return float(stats.get("cmdstat_fcall", {}).get("usec_per_call", 0.0))
 
 
-class Callgrind:
-    """callgrind_control on this process (run under valgrind's callgrind): count only
-    while a round's creates run."""
-
-    def __init__(self, out_dir: Path) -> None:
-        self.out_dir = out_dir
-
-    def _control(self, *args: str) -> None:
-        subprocess.run(
-            ["callgrind_control", *args, str(os.getpid())], check=True, capture_output=True
-        )
-
-    def start(self) -> None:
-        self._control("-i", "on")
-        self._control("-z")
-
-    def stop(self, part: str) -> int:
-        """Instructions since start(), from the dump written for `part`."""
-        self._control("-d", part)
-        self._control("-i", "off")
-        for dump in self.out_dir.glob("cg.*"):
-            with dump.open(errors="replace") as f:
-                head = f.read(4096)
-            if f"desc: Trigger: dump {part}\n" in head:
-                m = re.search(r"^totals: (\d+)", dump.read_text(errors="replace"), re.MULTILINE)
-                if m is None:
-                    raise RuntimeError(f"no totals in {dump}")
-                return int(m.group(1))
-        raise RuntimeError(f"no callgrind dump for {part} in {self.out_dir}")
-
-
 async def rounds(
     url: str,
     rounds: int,
     creates: int,
     profile: Path | None,
     caps_mode: str,
-    callgrind: Callgrind | None = None,
+    callgrind: CallgrindControl | None = None,
 ) -> list[Any]:
     engine = await Engine.connect(Settings(redis_url=url))
     out: list[Any] = []
@@ -128,7 +98,7 @@ async def rounds(
                 assert profile is not None
                 prof.dump_stats(str(profile))
             cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
-            counted = callgrind.stop(f"round-{r + 1}") if callgrind is not None else None
+            counted = callgrind.instructions(f"round-{r + 1}") if callgrind is not None else None
             out.append(
                 {
                     "creates": creates,
@@ -184,7 +154,11 @@ def main() -> int:
     args = parser.parse_args()
     if args.callgrind and args.callgrind_dir is None:
         return under_callgrind()
-    callgrind = Callgrind(args.callgrind_dir) if args.callgrind_dir is not None else None
+    callgrind = (
+        CallgrindControl(args.callgrind_dir, os.getpid())
+        if args.callgrind_dir is not None
+        else None
+    )
     with (
         tempfile.TemporaryDirectory(prefix="tw-bench-engine-") as tmp,
         RedisServer(

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import redis.asyncio as aioredis
+from common import CallgrindControl, dumped_part
 from dispatch import payload_json, server_ms
 
 import timewheel.store.server as server_module
@@ -134,11 +135,11 @@ async def dispatched(
     return out
 
 
-class Callgrind:
+class Callgrind(CallgrindControl):
     """callgrind_control on the server's process: count only while a part runs."""
 
     def __init__(self, out_dir: Path) -> None:
-        self.out_dir, self.pid = out_dir, 0
+        super().__init__(out_dir)
         self.counted: dict[str, dict[str, float]] = {}
         """Parts counted outside report()'s own (the ticks), by name."""
 
@@ -153,18 +154,9 @@ class Callgrind:
         script.chmod(0o755)
         return str(script)
 
-    def control(self, *args: str) -> None:
-        subprocess.run(["callgrind_control", *args, str(self.pid)], check=True, capture_output=True)
-
-    def start(self) -> None:
-        self.control("-i", "on")
-        self.control("-z")
-
     def stop(self, part: str, runs: int) -> dict[str, float]:
         """Instructions per run since start(): in FCALL and in all."""
-        self.control("-d", part)
-        self.control("-i", "off")
-        [dump] = [p for p in self.out_dir.glob("cg.*") if _dumped(p) == part]
+        dump = self.dump(part)
         text = subprocess.run(
             ["callgrind_annotate", "--auto=no", "--inclusive=yes", "--threshold=100", str(dump)],
             capture_output=True,
@@ -176,17 +168,6 @@ class Callgrind:
             m = re.search(r"^\s*([\d,]+) .*" + pattern, text, re.MULTILINE)
             out[name] = round(int(m.group(1).replace(",", "")) / runs) if m else 0.0
         return out
-
-
-def _dumped(path: Path) -> str | None:
-    """The trigger a callgrind dump was written for ('dump <part>'), if it is one."""
-    with path.open(errors="replace") as f:
-        for line in f:
-            if line.startswith("desc: Trigger: dump "):
-                return line.removeprefix("desc: Trigger: dump ").strip()
-            if line.startswith("events:"):
-                return None
-    return None
 
 
 async def report(
@@ -285,7 +266,7 @@ def main() -> None:
             if callgrind is not None and args.dumps is not None:
                 args.dumps.mkdir(parents=True, exist_ok=True)
                 for dump in Path(tmp).glob("cg.*"):
-                    shutil.copy(dump, args.dumps / f"{_dumped(dump) or 'rest'}-{dump.name}")
+                    shutil.copy(dump, args.dumps / f"{dumped_part(dump) or 'rest'}-{dump.name}")
             shutil.rmtree(tmp, ignore_errors=True)
     result["callgrind"] = args.callgrind
     result["redis_config"] = args.redis_config

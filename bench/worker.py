@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 import redis.asyncio as aioredis
-from common import percentile, scheduler_process
+from common import CallgrindControl, percentile, scheduler_process
 from dispatch import host_gauge, payload_json, server_ms
 from herd import load as load_herd
 from rawpipe import RawPipe, create_commands
@@ -137,24 +137,10 @@ class WorkerProcess:
             )
         self.processes = processes
 
-    def callgrind(self, *args: str) -> None:
+    def callgrind(self) -> CallgrindControl:
         """callgrind_control on the worker process (under --worker-callgrind)."""
-        subprocess.run(
-            ["callgrind_control", *args, str(self.proc.pid)], check=True, capture_output=True
-        )
-
-    def instructions(self, part: str) -> int:
-        """The worker's instructions since callgrind('-z'), dumped now as `part`."""
         assert WORKER_CALLGRIND is not None
-        self.callgrind("-d", part)
-        self.callgrind("-i", "off")
-        for dump in WORKER_CALLGRIND.glob("cg.*"):
-            text = dump.read_text(errors="replace")
-            if f"desc: Trigger: dump {part}\n" in text:
-                for line in text.splitlines():
-                    if line.startswith("totals: "):
-                        return int(line.split()[1])
-        raise RuntimeError(f"no callgrind dump {part} in {WORKER_CALLGRIND}")
+        return CallgrindControl(WORKER_CALLGRIND, self.proc.pid)
 
     async def wait_started(self, timeout_s: float = 30.0) -> None:
         if WORKER_CALLGRIND is not None:
@@ -324,11 +310,12 @@ async def herd(url: str, work: Path, runs: int, processes: int) -> dict[str, Any
         sched0 = process_cpu_s(sched.pid)
         counters0, usec0 = await redis_counters(client), await command_usec(client)
         if WORKER_CALLGRIND is not None:
-            worker.callgrind("-i", "on")
-            worker.callgrind("-z")
+            worker.callgrind().start()
         cpu1 = await wait_handled(worker, client, engine, runs, 120)
         instructions = (
-            worker.instructions(f"herd-{processes}") if WORKER_CALLGRIND is not None else None
+            worker.callgrind().instructions(f"herd-{processes}")
+            if WORKER_CALLGRIND is not None
+            else None
         )
         redis1, sched1 = await redis_cpu_s(client), process_cpu_s(sched.pid)
         counters1, usec1 = await redis_counters(client), await command_usec(client)
