@@ -11,9 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar, cast
+from typing import Any, Generic, TypeVar
 
-import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError, ResponseError
 
@@ -27,7 +26,7 @@ from timewheel.store.connection import TORN, UNREACHABLE, RedisClient, connect, 
 from timewheel.store.guard import StorageGuard
 from timewheel.store.keys import Keys
 from timewheel.store.library import Script, ScriptArg, Scripts
-from timewheel.store.pipeline import Lane, run_on_lane, run_pipeline
+from timewheel.store.pipeline import Lane, run_pipeline
 from timewheel.store.placement import Placements
 from timewheel.store.replication import ReplicaWait
 
@@ -226,13 +225,9 @@ class Store:
         if self.lane is None and not self.replica_wait.count:
             return await self.run(call)
         try:
-            if self.lane is not None and not self.replica_wait.count:
-                # a lane is a standalone client's (cast: isinstance costs here)
-                reply = await run_on_lane(cast(aioredis.Redis, self.client), call, self.lane)
-            else:
-                [reply] = await run_pipeline(
-                    self.client, [call], replicas=self._replicas(), lane=self.lane
-                )
+            [reply] = await run_pipeline(
+                self.client, [call], replicas=self._replicas(), lane=self.lane
+            )
         except RedisUnavailable as exc:
             cause = exc.__cause__
             if isinstance(cause, ResponseError) and "timewheel:" in str(cause):
