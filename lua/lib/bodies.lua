@@ -53,8 +53,8 @@
 -- retry_or_bury), kept in one table of the library (one local: a chunk holds at most
 -- 200): reading one as a global's field (string.sub, redis.call) costs some 200
 -- instructions more, a few times per run. A library being loaded cannot reach string,
--- cmsgpack or redis.call, so they are bound at the first call's start (body_forget calls
--- lib_c.bind while lib_c.call is nil; the later helpers that use it check the same).
+-- cmsgpack or redis.call, so they are bound at the first call's start (body_forget, which
+-- the library runs first in every call, calls lib_c.bind while lib_c.call is nil).
 -- Binding also sets the functions' Lua collector to a pause of 1000 %, once per library
 -- load (docs/design.md, the Function library).
 local lib_c = {}

@@ -74,9 +74,6 @@ local function delivery_loader(tag, argv, first, width, n, promoted_until)
   local records, keys, fields = delivery_array(argv, n), delivery_array(argv, n),
     delivery_array(argv, n)
   local raws, unsent = delivery_array(argv, n), {}
-  if lib_c.call == nil then
-    lib_c.bind()
-  end
   local call, unpack_record = lib_c.call, lib_c.unpack
   local at = first + 2
   for i = 1, n do

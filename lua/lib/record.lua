@@ -297,9 +297,6 @@ local MP_NUMBER_SIZE = { [0xcc] = 2, [0xcd] = 3, [0xce] = 5, [0xcf] = 9, [0xd0] 
 -- nil, which a whole pack would leave out) gives nil.
 local function record_retried(raw, r, due, due_packed, now_packed, error_packed, heads)
   local c = lib_c
-  if c.call == nil then
-    c.bind()
-  end
   local attempt = r[R_ATTEMPT]
   local byte = c.byte
   local first, second, third = byte(raw, 1, 3)

@@ -66,9 +66,6 @@ end
 -- Returns 'retry', due_ms   or   'dead', entry_id.
 local function retry_or_bury(tag, bkey, run_id, r, ctx)
   local c = lib_c
-  if c.call == nil then
-    c.bind()
-  end
   local now, p = ctx.now, nil
   if ctx.policies then
     local opts = r[R_OPTS] or ''
