@@ -23,6 +23,7 @@ from timewheel.models import Delivery
 from timewheel.runs.worker import Worker
 from timewheel.store.server import find_free_port
 from timewheel.tasks.model import NewTask
+from timewheel.tenants import Limits, TenantStore
 from timewheel.testing.dispatch import running_scheduler, work_until
 from timewheel.testing.nodes import settings_env
 
@@ -157,9 +158,11 @@ def _free_pair() -> int:
 async def test_processes_share_one_group_restart_a_dead_one_and_stop_together(
     fast: Engine, tmp_path: Path
 ) -> None:
-    """--processes 2 over two tenants: two consumers of one group share the runs, each
-    serves its own metrics port, a consumer killed is replaced, SIGTERM stops them all."""
+    """--processes 2 over two tenants, one named and one found by a pattern: two consumers
+    of one group share the runs, each serves its own metrics port, a consumer killed is
+    replaced, SIGTERM stops them all."""
     runs = 120
+    await TenantStore(fast.client, fast.keys).create_tenant("globex", Limits())
     for tenant in ("acme", "globex"):
         await fast.tasks.create_many(
             [NewTask(tenant=tenant, queue="jobs", delay_ms=0) for _ in range(runs // 2)]
@@ -167,7 +170,7 @@ async def test_processes_share_one_group_restart_a_dead_one_and_stop_together(
     port = _free_pair()
     notes, log_path = tmp_path / "notes", tmp_path / "supervisor.log"
     env = {**settings_env(fast.settings), "TW_TEST_LOG": str(notes), "TW_TEST_SLEEP_S": "0.01"}
-    flags = ["--tenant", "acme", "--tenant", "globex", "--queue", "jobs", "--processes", "2"]
+    flags = ["--tenant", "acme", "--tenant", "glob*", "--queue", "jobs", "--processes", "2"]
     flags += ["--concurrency", "4", "--metrics-port", str(port)]
     with log_path.open("w") as log:
         parent = subprocess.Popen(

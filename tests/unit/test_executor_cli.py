@@ -19,11 +19,19 @@ def test_every_tenant_with_every_queue() -> None:
     assert pairs_of(single) == [("a", "default")]
 
 
+def test_a_tenant_may_be_a_pattern_of_registered_tenants() -> None:
+    args = build_parser().parse_args(
+        ["webhook", "--url", "https://h.test/", "--tenant", "acme-*", "--tenant", "b"]
+    )
+    assert pairs_of(args) == [("acme-*", "default"), ("b", "default")]
+
+
 @pytest.mark.parametrize(
     "argv",
     [
         ["worker", "--app", "pkg.mod:handle", "--tenant", "a", "--tenant", "b"],
         ["worker", "--app", "m:f", "--tenant", "a", "--queue", "q", "--prefetch", "0"],
+        ["worker", "--app", "m:f", "--tenant", "acme-[!x]*", "--tenant", "*"],
         [
             "webhook",
             "--url",
@@ -60,6 +68,7 @@ def test_a_consumer_gets_the_supervisor_s_options_but_processes(argv: list[str])
         (["--concurrency", "0"], ConfigError),
         (["--prefetch", "-1"], ConfigError),
         (["--tenant", "bad name"], ValidationError),
+        (["--tenant", "bad name*"], ValidationError),
         (["--app", "nocolon"], ConfigError),
     ],
 )

@@ -8,7 +8,8 @@ STOP_GRACE_S for the handlers in flight before SIGKILL (a run killed in flight i
 retried by the reaper). A consumer whose supervisor is gone stops by itself.
 
 Every (tenant, queue) pair of the `--tenant`s times the `--queue`s is served by each
-consumer, read round robin.
+consumer, read round robin; a `--tenant` with `*`, `?` or `[` is a pattern over the
+registered tenants, matched again while the consumers run (runs/patterns.py).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from timewheel.engine import Engine
 from timewheel.errors import ConfigError
 from timewheel.ids import validate_name
 from timewheel.runs.metrics import WorkerMetrics
+from timewheel.runs.patterns import tenant_or_pattern
 from timewheel.runs.webhook import WebhookExecutor
 from timewheel.runs.worker import Handler, Worker
 
@@ -64,8 +66,9 @@ def load_handler(spec: str) -> Handler:
 
 
 def pairs_of(args: argparse.Namespace) -> list[tuple[str, str]]:
-    """Every (tenant, queue) of the --tenant and --queue options, in their order."""
-    tenants = [validate_name(t, "tenant") for t in args.tenant]
+    """Every (tenant, queue) of the --tenant and --queue options, in their order (a
+    tenant may be a pattern: runs/patterns.py)."""
+    tenants = [tenant_or_pattern(t) for t in args.tenant]
     queues = [validate_name(q, "queue") for q in (args.queue or ["default"])]
     return list(dict.fromkeys(itertools.product(tenants, queues)))
 

@@ -43,7 +43,8 @@ def add_executor_args(p: argparse.ArgumentParser) -> None:
         "--tenant",
         action="append",
         required=True,
-        help="a tenant to serve; repeat it to serve several.",
+        help="a tenant to serve, or a pattern of registered tenants ('acme-*', '*': "
+        "tenants registered later are served too); repeat it to serve several.",
     )
     p.add_argument(
         "--queue",

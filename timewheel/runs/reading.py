@@ -10,7 +10,10 @@ read are interleaved across pairs before they reach the runners.
 A tenant's shards may grow while the worker runs (its limit `shards`: the streams of
 every shard it has used are read, store/placement.py): the reader reads its tenants'
 shards again every SHARDS_REFRESH_S and starts reading the new streams (its consumer
-group made on each from the stream's start, so nothing already there is missed).
+group made on each from the stream's start, so nothing already there is missed). Tenant
+patterns (runs/patterns.py) are matched against the tenant registry again every
+`tenants_refresh_s`; the pairs of tenants registered meanwhile join the same way. A
+reader whose patterns match no tenant yet reads nothing and looks again.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import asyncio
 import contextlib
 import itertools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -30,6 +33,7 @@ from timewheel.runs.inflight import InFlight
 from timewheel.runs.leases import LeaseKeeper
 from timewheel.runs.metrics import PairStats
 from timewheel.runs.outcomes import Outcomes
+from timewheel.runs.patterns import TENANTS_REFRESH_S, matching, registered_tenants
 from timewheel.runs.wire import Wire
 from timewheel.store.connection import TORN, UNREACHABLE, torn_connection
 from timewheel.store.shard import Store
@@ -50,6 +54,9 @@ PREFETCH_GROWTH = 4
 SHARDS_REFRESH_S = 2.0
 """How often the worker reads its tenants' shards again (new shards' streams are read
 within about this long of a change)."""
+IDLE_POLL_S = 0.5
+"""With tenant patterns that match no tenant yet: the pause between looks at the
+registry's refresh time."""
 
 
 class Pair:
@@ -84,6 +91,9 @@ class Reader:
         inflight: InFlight,
         keeper: LeaseKeeper,
         runners: Runners,
+        patterns: Sequence[tuple[str, str]] = (),
+        new_pair: Callable[[str, str], Pair] | None = None,
+        tenants_refresh_s: float = TENANTS_REFRESH_S,
     ) -> None:
         self.store = store
         self.outcomes = outcomes
@@ -109,19 +119,54 @@ class Reader:
         self.groups_ready = False
         self._next_shards = 0.0
         """When the tenants' shards are read again (refresh_shards)."""
+        self.patterns = list(patterns)
+        """(tenant pattern, queue): the pairs of the registered tenants they match are
+        served too (refresh_tenants)."""
+        self._new_pair = new_pair
+        self.tenants_refresh_s = tenants_refresh_s
+        self._next_tenants = 0.0
+        """When the tenant registry is matched again (refresh_tenants)."""
         self._rotation = 0
 
     async def ensure_groups(self) -> None:
         """Create the consumer group on each stream (from its start, so nothing is missed)."""
+        if self.patterns:
+            await self.refresh_tenants()
         await self.refresh_shards()
         for stream in self.streams:
             await self.outcomes.register_group(stream, self.group)
         self.groups_ready = True
 
+    async def refresh_tenants(self) -> None:
+        """Match the tenant patterns against the registry again and serve the pairs of
+        the tenants new to the worker."""
+        self._next_tenants = time.monotonic() + self.tenants_refresh_s
+        served = {(p.tenant, p.queue) for p in self.pairs}
+        found = matching(await registered_tenants(self.store), self.patterns)
+        new = [pair for pair in found if pair not in served]
+        if not new:
+            return
+        assert self._new_pair is not None
+        for tenant, queue in new:
+            await self.add_pair(self._new_pair(tenant, queue))
+        log.info("worker_pairs_added", pairs=[f"{t}/{q}" for t, q in new])
+
+    async def add_pair(self, pair: Pair) -> None:
+        """Serve one more pair: its streams read from now on (each with its consumer
+        group made first, once the worker's groups are)."""
+        if self.groups_ready:
+            for stream in pair.streams:
+                await self.outcomes.register_group(stream, self.group)
+        self.pairs.append(pair)
+        self.stream_pair.update(dict.fromkeys(pair.streams, pair))
+        self.streams = list(self.stream_pair)
+
     async def refresh_shards(self) -> None:
         """Read the tenants' shards again; add the streams of shards new to the worker,
         each with its consumer group made first."""
         self._next_shards = time.monotonic() + SHARDS_REFRESH_S
+        if not self.pairs:
+            return
         tenants = list(dict.fromkeys(p.tenant for p in self.pairs))
         found = await self.store.placements.load_many(tenants, fresh=True)
         used = dict(zip(tenants, (p.used for p in found), strict=True))
@@ -143,7 +188,13 @@ class Reader:
                 log.info("worker_streams_added", streams=[s for _, s in added])
 
     async def refresh_if_due(self) -> None:
-        if time.monotonic() < self._next_shards:
+        now = time.monotonic()
+        if self.patterns and now >= self._next_tenants:
+            try:
+                await self.refresh_tenants()
+            except RedisUnavailable as exc:
+                log.warning("tenants_read_failed", error=str(exc))
+        if now < self._next_shards:
             return
         try:
             await self.refresh_shards()
@@ -278,6 +329,11 @@ class Reader:
         inflight = self._inflight
         found = True
         while not stop.is_set():
+            if not self.streams:  # patterns that match no tenant yet
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), IDLE_POLL_S)
+                await self.refresh_if_due()
+                continue
             room = inflight.room()
             if room < inflight.read_min and (inflight.outstanding or room <= 0):
                 await inflight.wait_for_room()

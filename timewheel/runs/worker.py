@@ -50,6 +50,7 @@ from timewheel.runs.inflight import InFlight
 from timewheel.runs.leases import LeaseKeeper
 from timewheel.runs.metrics import WorkerMetrics
 from timewheel.runs.outcomes import Outcomes
+from timewheel.runs.patterns import TENANTS_REFRESH_S, is_pattern, tenant_or_pattern
 from timewheel.runs.reading import Pair, Reader
 from timewheel.runs.recording import Recorder
 from timewheel.runs.runners import Runners
@@ -74,7 +75,9 @@ class Worker:
     """Reads (tenant, queue) pairs from every shard stream of their tenants, as one consumer.
 
     `Worker(store, tenant, queue)` serves one pair; `pairs=[(tenant, queue), ...]` adds
-    more (or gives them all, without `tenant`).
+    more (or gives them all, without `tenant`). A tenant may be a pattern (`acme-*`,
+    `*`: runs/patterns.py): the worker serves the queue of every registered tenant it
+    matches, and of each tenant registered later, within `tenants_refresh_s`.
     """
 
     def __init__(
@@ -94,6 +97,7 @@ class Worker:
         ack_delay_s: float = ACK_DELAY_S,
         ack_pipelines: int = ACK_PIPELINES,
         tracebacks_per_s: float = TRACEBACKS_PER_S,
+        tenants_refresh_s: float = TENANTS_REFRESH_S,
     ) -> None:
         wanted = ([(tenant, queue)] if tenant is not None else []) + list(pairs)
         if not wanted:
@@ -107,12 +111,16 @@ class Worker:
         self.metrics = metrics or WorkerMetrics()
         self.metrics.gauges = self._gauges
         served: list[Pair] = []
+        patterns: list[tuple[str, str]] = []
         for t, q in dict.fromkeys(wanted):  # in order, without repeats
-            t, q = validate_name(t, "tenant"), validate_name(q, "queue")
-            streams = [store.keys.stream(s, t, q) for s in store.shards_of(t)]
-            served.append(Pair(t, q, streams, self.metrics.pair(t, q)))
-        self.tenant, self.queue = served[0].tenant, served[0].queue
-        self.pairs = [(p.tenant, p.queue) for p in served]
+            t, q = tenant_or_pattern(t), validate_name(q, "queue")
+            if is_pattern(t):
+                patterns.append((t, q))
+            else:
+                served.append(self._pair(t, q))
+        self.tenant, self.queue = (served[0].tenant, served[0].queue) if served else patterns[0]
+        """The first pair given (a pattern's, when no tenant is named)."""
+        self.patterns = patterns
         client = store.client
         self._wire = (
             Wire(client, self.outcomes, self.group, self.consumer)
@@ -154,7 +162,19 @@ class Worker:
             inflight=inflight,
             keeper=keeper,
             runners=self._runners,
+            patterns=patterns,
+            new_pair=self._pair,
+            tenants_refresh_s=tenants_refresh_s,
         )
+
+    def _pair(self, tenant: str, queue: str) -> Pair:
+        streams = [self.store.keys.stream(s, tenant, queue) for s in self.store.shards_of(tenant)]
+        return Pair(tenant, queue, streams, self.metrics.pair(tenant, queue))
+
+    @property
+    def pairs(self) -> list[tuple[str, str]]:
+        """The (tenant, queue) pairs served: those named, then those the patterns found."""
+        return [(p.tenant, p.queue) for p in self._reader.pairs]
 
     @property
     def streams(self) -> list[str]:
@@ -184,6 +204,9 @@ class Worker:
         if not reader.groups_ready:
             await reader.ensure_groups()
         await reader.refresh_if_due()
+        if not reader.streams:  # patterns that match no tenant yet
+            await asyncio.sleep(block_ms / 1000)
+            return []
         replies = await reader.read_streams([(count, reader.streams)], block_ms)
         return [d for _, _, got in replies for d in got]
 
@@ -276,6 +299,7 @@ class Worker:
         log.info(
             "worker_started",
             pairs=[f"{t}/{q}" for t, q in self.pairs],
+            patterns=[f"{t}/{q}" for t, q in self.patterns],
             tenant=self.tenant,
             queue=self.queue,
             consumer=self.consumer,
