@@ -376,3 +376,39 @@ async def test_the_read_ahead_grows_for_fast_handlers_within_its_bound(fast: Eng
     await work_until(worker, quick, lambda: worker.handled == 2000, 30)
     assert worker._reader.prefetch_now == 16
     assert most <= 4 + 16
+
+
+async def test_a_slow_pair_does_not_take_every_handler_slot(engine: Engine) -> None:
+    """One pair's handlers take a second each, another's none: the slow pair holds at most
+    its share of the slots, so the fast pair's 200 runs are done in a few seconds rather
+    than eight runs a second behind the slow ones."""
+    await prime(engine)
+    await _dispatched(engine, "slowco", "hooks", 60)
+    await _dispatched(engine, "fastco", "hooks", 200)
+    running = {"slowco": 0, "fastco": 0}
+    most = {"slowco": 0, "fastco": 0}
+    done = {"slowco": 0, "fastco": 0}
+
+    async def handler(d: Delivery) -> None:
+        running[d.tenant] += 1
+        if done["fastco"] < 200:  # both pairs have work: shares apply
+            most[d.tenant] = max(most[d.tenant], running[d.tenant])
+        await asyncio.sleep(1.0 if d.tenant == "slowco" else 0)
+        running[d.tenant] -= 1
+        done[d.tenant] += 1
+
+    worker = Worker(
+        engine.store, pairs=[("slowco", "hooks"), ("fastco", "hooks")], concurrency=8, prefetch=8
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(handler, stop))
+    started = time.monotonic()
+    try:
+        await _until(lambda: done["fastco"] == 200, 20, "the fast pair starved")
+        fast_s = time.monotonic() - started
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+    assert fast_s < 5, (fast_s, done)  # starved: 7-8 s, behind every slow run
+    assert most["slowco"] <= 4, most  # its share of 8 slots between two busy pairs
+    assert done["slowco"] >= 4  # and it kept its share meanwhile

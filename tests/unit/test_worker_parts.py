@@ -263,7 +263,8 @@ def test_one_pair_shares_the_room_between_its_streams() -> None:
 
 def test_busy_pairs_share_the_room_and_idle_ones_are_probed_in_turn() -> None:
     worker = _worker([(f"t{i:02d}", "q") for i in range(20)])
-    assert dict(worker._reader.plan(40)) == {2: worker.streams}  # nothing known: all share
+    # Nothing known: all share, and 20 pairs over 8 slots hold one run each at most.
+    assert dict(worker._reader.plan(40)) == {1: worker.streams}
     for i, pair in enumerate(worker._reader.pairs):
         pair.busy = i < 2
     busy = {worker._reader.pairs[0].streams[0], worker._reader.pairs[1].streams[0]}
@@ -276,6 +277,29 @@ def test_busy_pairs_share_the_room_and_idle_ones_are_probed_in_turn() -> None:
         assert shares and set(shares.values()) == {3}  # the other half, split equally
         seen.update(probed)
     assert seen == {p.streams[0] for p in worker._reader.pairs[2:]}  # every idle pair in turn
+
+
+def test_a_busy_pair_holds_at_most_its_share_of_the_slots() -> None:
+    """8 slots, two busy pairs: a pair holding 4 runs (read or running) is not read; one
+    short of its share by fewer runs than it has streams reads one run from that many,
+    in turn; alone, a pair may take every slot."""
+    worker = _worker([("slow", "q"), ("fast", "q")], spread=4)
+    slow, fast = worker._reader.pairs
+    slow.outstanding = 4
+    assert dict(worker._reader.plan(8)) == {1: fast.streams}  # ceil(4 / 4 streams)
+    fast.outstanding = 2  # two short of its share: two streams, one run each, in turn
+    first = dict(worker._reader.plan(8))
+    second = dict(worker._reader.plan(8))
+    assert first == {1: fast.streams[:2]} and second == {1: fast.streams[2:]}
+    fast.outstanding = 4
+    assert worker._reader.plan(8) == []  # both at their share: wait for a handler
+    slow.busy = False  # the fast pair alone has work: the cap is off (it holds 4 already)
+    # half the room probes the idle pair's streams, the other half goes to the busy pair
+    assert dict(worker._reader.plan(8)) == {1: fast.streams + slow.streams}
+    many = _worker([(f"t{i}", "q") for i in range(3)])
+    for pair in many._reader.pairs:
+        pair.outstanding = 3  # ceil(8 / 3) = 3: every pair at its share
+    assert many._reader.plan(8) == []
 
 
 def test_the_failure_log_keeps_to_its_rate() -> None:

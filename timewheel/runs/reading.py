@@ -62,7 +62,7 @@ registry's refresh time."""
 class Pair:
     """One (tenant, queue) a worker serves: its streams and its stats."""
 
-    __slots__ = ("busy", "queue", "stats", "streams", "tenant")
+    __slots__ = ("busy", "outstanding", "queue", "stats", "streams", "tenant", "turn")
 
     def __init__(self, tenant: str, queue: str, streams: list[str], stats: PairStats) -> None:
         self.tenant = tenant
@@ -71,6 +71,11 @@ class Pair:
         self.stats = stats
         self.busy = True
         """Whether its last read filled a stream's count (so more is likely waiting)."""
+        self.outstanding = 0
+        """Its runs read whose handler has not finished (read ahead, or running)."""
+        self.turn = 0
+        """Where its next read starts among its streams, when it reads fewer runs than it
+        has streams."""
 
 
 class Reader:
@@ -253,7 +258,15 @@ class Reader:
         Pairs whose last read filled a stream's count (busy) share the room equally. The
         others are probed with one run per stream: as many as fit in half the room (at
         least one pair), taken round robin from where the last read's probes stopped.
-        With no pair busy, all share."""
+        With no pair busy, all share.
+
+        While two pairs or more are busy, none holds more than its share of the handler
+        slots (`concurrency` over the busy pairs, rounded up) in runs read and not yet
+        finished: a pair whose handlers are slow would otherwise take every slot in
+        turn, as the fast pairs' runs finish and free theirs, and the fast pairs would
+        wait on the slow one. A pair at its share is not read until its runs finish; one
+        short of it by fewer runs than it has streams reads one run from that many of
+        them, in turn. The plan is empty when every busy pair is at its share."""
         pairs = self.pairs
         if len(pairs) == 1:
             streams = pairs[0].streams
@@ -274,9 +287,19 @@ class Reader:
                 probes.extend(p.streams)
                 self._rotation = (i + 1) % n
         share = max(1, (room - len(probes)) // len(busy))
+        cap = -(-self.concurrency // len(busy)) if len(busy) > 1 else 0
         by_count: dict[int, list[str]] = {}
         for p in busy:
-            by_count.setdefault(max(1, -(-share // len(p.streams))), []).extend(p.streams)
+            streams = p.streams
+            want = share if not cap else min(share, cap - p.outstanding)
+            if want <= 0:
+                continue
+            if cap and want < len(streams):
+                start = p.turn % len(streams)
+                p.turn = start + want
+                by_count.setdefault(1, []).extend((streams[start:] + streams[:start])[:want])
+            else:
+                by_count.setdefault(max(1, -(-want // len(streams))), []).extend(streams)
         if probes:
             by_count.setdefault(1, []).extend(probes)
         return list(by_count.items())
@@ -342,6 +365,9 @@ class Reader:
                 plan = [(max(1, room // len(self.streams)), self.streams)]
             else:
                 plan = self.plan(room)
+                if not plan:  # every busy pair holds its share: wait for a handler to end
+                    await inflight.wait_for_room()
+                    continue
             block = READ_BLOCK_MS if not found else None
             self._last_full_before = self._last_full
             try:
@@ -359,6 +385,9 @@ class Reader:
             self.learn(plan, got)
             self.adapt(room, sum(len(ds) for _, _, ds in got))
             if got:
+                pair_of = self.stream_pair
+                for stream, _, ds in got:
+                    pair_of[stream].outstanding += len(ds)
                 deliveries = self.interleave(got)
                 self._keeper.hold(deliveries, time.monotonic())
                 self._runners.take(deliveries)

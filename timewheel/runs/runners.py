@@ -22,7 +22,6 @@ from timewheel.runs.acks import AckBatcher
 from timewheel.runs.delivery import Delivery
 from timewheel.runs.inflight import InFlight
 from timewheel.runs.leases import LeaseKeeper
-from timewheel.runs.metrics import PairStats
 from timewheel.runs.reading import Pair
 
 RecordFailure = Callable[[Delivery, BaseException], Coroutine[Any, Any, str]]
@@ -132,7 +131,9 @@ class Runners:
                 self._waking += 1
                 return
 
-    def _ended(self, stats: PairStats, start: float, end: float) -> None:
+    def _ended(self, pair: Pair, start: float, end: float) -> None:
+        pair.outstanding -= 1
+        stats = pair.stats
         stats.handled += 1
         stats.duration.observe(end - start)
         self._handler_done()
@@ -159,7 +160,8 @@ class Runners:
             d = buffer.popleft()
             if buffer and idle and not self._waking:
                 self._wake_runner()
-            stats = pair_of[d.stream].stats
+            pair = pair_of[d.stream]
+            stats = pair.stats
             start = monotonic()
             redis_ms = start * 1000.0 + keeper.offset_ms  # keeper.start_lag_s, inline
             stats.lag.observe((max(redis_ms, d.dispatched_ms) - d.due_ms) / 1000.0)
@@ -168,7 +170,7 @@ class Runners:
                 await handler(d)
             except Exception as exc:  # the handler's failure is data here, not ours
                 self.running -= 1
-                self._ended(stats, start, monotonic())
+                self._ended(pair, start, monotonic())
                 await self._record_failure(d, exc)
                 continue
             except asyncio.CancelledError as exc:
@@ -176,17 +178,18 @@ class Runners:
                 task = asyncio.current_task()
                 if task is not None and task.cancelling():
                     raise  # we are being cancelled, not the handler's own doing
-                self._ended(stats, start, monotonic())
+                self._ended(pair, start, monotonic())
                 await self._record_failure(d, exc)
                 continue
             except BaseException:  # SystemExit and the like: the process is going down
                 self.running -= 1
-                self._ended(stats, start, monotonic())
+                self._ended(pair, start, monotonic())
                 keeper.release(d)  # no more heartbeats: the reaper retries it
                 raise
             # _ended and _handler_done, inline: this is every run's path.
             end = monotonic()
             self.running -= 1
+            pair.outstanding -= 1
             stats.handled += 1
             stats.duration.observe(end - start)
             inflight.outstanding -= 1
@@ -232,9 +235,9 @@ class Runners:
         start_lag_s = self._keeper.start_lag_s
         while finished:
             d, start, end, error = finished.popleft()
-            stats = pair_of[d.stream].stats
-            stats.lag.observe(start_lag_s(d, start))
-            self._ended(stats, start, end)
+            pair = pair_of[d.stream]
+            pair.stats.lag.observe(start_lag_s(d, start))
+            self._ended(pair, start, end)
             if error is None:
                 acks.add(d)
             else:
