@@ -263,7 +263,7 @@ def test_one_pair_shares_the_room_between_its_streams() -> None:
 
 def test_busy_pairs_share_the_room_and_idle_ones_are_probed_in_turn() -> None:
     worker = _worker([(f"t{i:02d}", "q") for i in range(20)])
-    # Nothing known: all share, and 20 pairs over 8 slots hold one run each at most.
+    # Nothing known: all share, and 20 pairs over 16 runs of room hold one each at most.
     assert dict(worker._reader.plan(40)) == {1: worker.streams}
     for i, pair in enumerate(worker._reader.pairs):
         pair.busy = i < 2
@@ -279,27 +279,50 @@ def test_busy_pairs_share_the_room_and_idle_ones_are_probed_in_turn() -> None:
     assert seen == {p.streams[0] for p in worker._reader.pairs[2:]}  # every idle pair in turn
 
 
-def test_a_busy_pair_holds_at_most_its_share_of_the_slots() -> None:
-    """8 slots, two busy pairs: a pair holding 4 runs (read or running) is not read; one
-    short of its share by fewer runs than it has streams reads one run from that many,
-    in turn; alone, a pair may take every slot."""
+def test_a_busy_pair_reads_at_most_its_share_of_the_room() -> None:
+    """8 slots and 8 read ahead, two busy pairs: each has 4 slots and 8 of the room. A
+    pair holding 8 runs (held back, given to the runners, or running) is not read; one
+    short of its share reads what is left of it; alone, a pair may take all of it."""
     worker = _worker([("slow", "q"), ("fast", "q")], spread=4)
     slow, fast = worker._reader.pairs
-    slow.outstanding = 4
+    slow.active = 8
     assert dict(worker._reader.plan(8)) == {1: fast.streams}  # ceil(4 / 4 streams)
-    fast.outstanding = 2  # two short of its share: two streams, one run each, in turn
-    first = dict(worker._reader.plan(8))
-    second = dict(worker._reader.plan(8))
-    assert first == {1: fast.streams[:2]} and second == {1: fast.streams[2:]}
-    fast.outstanding = 4
+    assert (slow.cap, fast.cap) == (4, 4)  # the handler slots, shared
+    worker._reader.concurrency = worker._inflight.capacity = 32  # 16 of the room each
+    slow.active = 16
+    fast.active = 8  # 8 short of its share: 2 a stream, not the 4 of its share of 32
+    assert dict(worker._reader.plan(32)) == {2: fast.streams}
+    worker._reader.concurrency, worker._inflight.capacity = 8, 16
+    fast.active = 8
     assert worker._reader.plan(8) == []  # both at their share: wait for a handler
-    slow.busy = False  # the fast pair alone has work: the cap is off (it holds 4 already)
+    slow.busy = False  # the fast pair alone has work: no share (it holds 8 already)
     # half the room probes the idle pair's streams, the other half goes to the busy pair
     assert dict(worker._reader.plan(8)) == {1: fast.streams + slow.streams}
+    assert (slow.cap, fast.cap) == (0, 0)
     many = _worker([(f"t{i}", "q") for i in range(3)])
     for pair in many._reader.pairs:
-        pair.outstanding = 3  # ceil(8 / 3) = 3: every pair at its share
+        pair.active = 6  # ceil(16 / 3): every pair at its share
     assert many._reader.plan(8) == []
+    assert {p.cap for p in many._reader.pairs} == {3}  # ceil(8 slots / 3)
+
+
+def test_the_runners_hold_back_a_pair_s_runs_past_its_share_of_the_slots() -> None:
+    """A pair using its 4 slots gets no fifth: its next runs wait in `held` and take
+    the slots its runs free, one for one; a larger share lets them go at once."""
+    worker = _worker([("slow", "q"), ("fast", "q")])
+    reader, runners = worker._reader, worker._runners
+    slow, fast = reader.pairs
+    reader.share_slots(2)
+    runs = [dataclasses.replace(_delivery(i), stream=slow.streams[0]) for i in range(6)]
+    runs.append(dataclasses.replace(_delivery(6), stream=fast.streams[0]))
+    runners.take(runs, shared=True)
+    assert [d.run_id for d in runners._buffer] == ["r0", "r1", "r2", "r3", "r6"]
+    assert (slow.active, [d.run_id for d in slow.held], fast.active) == (4, ["r4", "r5"], 1)
+    runners._pair_done(slow)  # one of its runs finished: the next takes its slot
+    assert (slow.active, slow.outstanding, len(slow.held)) == (4, 5, 1)
+    assert runners._buffer[-1].run_id == "r4"
+    reader.share_slots(1)  # alone now: no share, the rest goes
+    assert (slow.active, len(slow.held), runners._buffer[-1].run_id) == (5, 0, "r5")
 
 
 def test_the_failure_log_keeps_to_its_rate() -> None:

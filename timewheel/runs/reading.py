@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import itertools
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -62,7 +63,7 @@ registry's refresh time."""
 class Pair:
     """One (tenant, queue) a worker serves: its streams and its stats."""
 
-    __slots__ = ("busy", "outstanding", "queue", "stats", "streams", "tenant", "turn")
+    __slots__ = ("active", "busy", "cap", "held", "queue", "stats", "streams", "tenant")
 
     def __init__(self, tenant: str, queue: str, streams: list[str], stats: PairStats) -> None:
         self.tenant = tenant
@@ -71,11 +72,18 @@ class Pair:
         self.stats = stats
         self.busy = True
         """Whether its last read filled a stream's count (so more is likely waiting)."""
-        self.outstanding = 0
-        """Its runs read whose handler has not finished (read ahead, or running)."""
-        self.turn = 0
-        """Where its next read starts among its streams, when it reads fewer runs than it
-        has streams."""
+        self.active = 0
+        """Its runs given to the runners whose handler has not finished (waiting for a
+        slot, or running)."""
+        self.held: deque[Delivery] = deque()
+        """Its runs read and held back while `active` is at `cap` (runs/runners.py)."""
+        self.cap = 0
+        """Its share of the handler slots while other pairs are busy too (0: none)."""
+
+    @property
+    def outstanding(self) -> int:
+        """Its runs read whose handler has not finished (held back, or given)."""
+        return self.active + len(self.held)
 
 
 class Reader:
@@ -132,6 +140,8 @@ class Reader:
         self._next_tenants = 0.0
         """When the tenant registry is matched again (refresh_tenants)."""
         self._rotation = 0
+        self._slot_cap = 0
+        """Each pair's share of the handler slots now (share_slots)."""
 
     async def ensure_groups(self) -> None:
         """Create the consumer group on each stream (from its start, so nothing is missed)."""
@@ -162,6 +172,7 @@ class Reader:
         if self.groups_ready:
             for stream in pair.streams:
                 await self.outcomes.register_group(stream, self.group)
+        pair.cap = self._slot_cap
         self.pairs.append(pair)
         self.stream_pair.update(dict.fromkeys(pair.streams, pair))
         self.streams = list(self.stream_pair)
@@ -260,13 +271,15 @@ class Reader:
         least one pair), taken round robin from where the last read's probes stopped.
         With no pair busy, all share.
 
-        While two pairs or more are busy, none holds more than its share of the handler
-        slots (`concurrency` over the busy pairs, rounded up) in runs read and not yet
-        finished: a pair whose handlers are slow would otherwise take every slot in
-        turn, as the fast pairs' runs finish and free theirs, and the fast pairs would
-        wait on the slow one. A pair at its share is not read until its runs finish; one
-        short of it by fewer runs than it has streams reads one run from that many of
-        them, in turn. The plan is empty when every busy pair is at its share."""
+        While two pairs or more are busy, each has a share of the handler slots
+        (`concurrency` over the busy pairs, rounded up: `Pair.cap`, which the runners
+        keep, share_slots) and none holds more than its share of the room (handler
+        slots and read-ahead) in runs read and not yet finished: a pair whose handlers
+        are slow would otherwise take every slot in turn, as the fast pairs' runs finish
+        and free theirs, and the fast pairs would wait on the slow one. A pair at its
+        share of the room is not read until its runs finish (a read may bring it one run
+        per stream past it: the runners hold those back). The plan is empty when every
+        busy pair is at its share."""
         pairs = self.pairs
         if len(pairs) == 1:
             streams = pairs[0].streams
@@ -287,22 +300,29 @@ class Reader:
                 probes.extend(p.streams)
                 self._rotation = (i + 1) % n
         share = max(1, (room - len(probes)) // len(busy))
-        cap = -(-self.concurrency // len(busy)) if len(busy) > 1 else 0
+        self.share_slots(len(busy))
+        cap = -(-self._inflight.capacity // len(busy)) if len(busy) > 1 else 0
         by_count: dict[int, list[str]] = {}
         for p in busy:
             streams = p.streams
             want = share if not cap else min(share, cap - p.outstanding)
-            if want <= 0:
-                continue
-            if cap and want < len(streams):
-                start = p.turn % len(streams)
-                p.turn = start + want
-                by_count.setdefault(1, []).extend((streams[start:] + streams[:start])[:want])
-            else:
+            if want > 0:
                 by_count.setdefault(max(1, -(-want // len(streams))), []).extend(streams)
         if probes:
             by_count.setdefault(1, []).extend(probes)
         return list(by_count.items())
+
+    def share_slots(self, busy: int) -> None:
+        """Give every pair its share of the handler slots for `busy` busy pairs (none for
+        one), the runs a pair held back beyond a larger share let go."""
+        cap = -(-self.concurrency // busy) if busy > 1 else 0
+        if cap == self._slot_cap:
+            return
+        self._slot_cap = cap
+        for p in self.pairs:
+            p.cap = cap
+            if p.held:
+                self._runners.let_go(p)
 
     def learn(
         self, plan: Sequence[tuple[int, list[str]]], got: Sequence[tuple[str, int, Any]]
@@ -347,6 +367,16 @@ class Reader:
             self.prefetch_now = now
             self._inflight.set_capacity(self.concurrency + now)
 
+    def _hand_over(self, got: list[tuple[str, int, list[Delivery]]]) -> None:
+        """A read's runs: counted in their pairs, their leases held, to the runners."""
+        pair_of, shared = self.stream_pair, bool(self._slot_cap)
+        if not shared:  # all go to the runners (else take counts them)
+            for stream, _, ds in got:
+                pair_of[stream].active += len(ds)
+        deliveries = self.interleave(got)
+        self._keeper.hold(deliveries, time.monotonic())
+        self._runners.take(deliveries, shared)
+
     async def loop(self, stop: asyncio.Event) -> None:
         """Read until `stop` is set, giving the runs read to the runners."""
         inflight = self._inflight
@@ -385,12 +415,7 @@ class Reader:
             self.learn(plan, got)
             self.adapt(room, sum(len(ds) for _, _, ds in got))
             if got:
-                pair_of = self.stream_pair
-                for stream, _, ds in got:
-                    pair_of[stream].outstanding += len(ds)
-                deliveries = self.interleave(got)
-                self._keeper.hold(deliveries, time.monotonic())
-                self._runners.take(deliveries)
+                self._hand_over(got)
             elif not found and self.store.is_cluster and len(self.streams) > 1:
                 # Reads of several Cluster streams do not block: pause between polls.
                 with contextlib.suppress(TimeoutError):

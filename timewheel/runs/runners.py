@@ -5,6 +5,12 @@ woken only when another found more work than it can start); a thread each for a 
 function, so a blocking handler blocks nothing else, taking runs from a queue and handing
 their ends back to the event loop in batches (one wake-up of the loop per batch, not per
 run). So a run costs no task, no future and no thread hand-off of its own.
+
+While the reader shares the slots between busy pairs (runs/reading.py, `Pair.cap`), a run
+whose pair has its share of the slots in use (runs given to the runners and not
+finished: `Pair.active`) is held back in the pair's `held` until one of them finishes:
+the runners take runs in the order read, so a pair whose handlers are slow would
+otherwise fill every slot in turn.
 """
 
 from __future__ import annotations
@@ -96,9 +102,34 @@ class Runners:
         for thread in self.threads:
             thread.start()
 
-    def take(self, deliveries: list[Delivery]) -> None:
-        """Runs read (their leases held): to the next free slots."""
+    def take(self, deliveries: list[Delivery], shared: bool = False) -> None:
+        """Runs read (their leases held): to the next free slots; with the slots `shared`
+        between pairs, a run of a pair using its share is held back (let_go). Unshared,
+        the reader counted them in their pairs' `active` already."""
         self._inflight.outstanding += len(deliveries)
+        if shared:
+            pair_of = self._stream_pair
+            ready: list[Delivery] = []
+            for d in deliveries:
+                pair = pair_of[d.stream]
+                if pair.cap and pair.active >= pair.cap:
+                    pair.held.append(d)
+                else:
+                    pair.active += 1
+                    ready.append(d)
+            deliveries = ready
+        self._give(deliveries)
+
+    def let_go(self, pair: Pair) -> None:
+        """Give the runners the runs the pair held back, as far as its share allows."""
+        held, ready = pair.held, []
+        while held and (not pair.cap or pair.active < pair.cap):
+            ready.append(held.popleft())
+            pair.active += 1
+        if ready:
+            self._give(ready)
+
+    def _give(self, deliveries: list[Delivery]) -> None:
         if self.threads:
             put = self._inbox.put
             for d in deliveries:
@@ -131,31 +162,40 @@ class Runners:
                 self._waking += 1
                 return
 
+    def _pair_done(self, pair: Pair) -> None:
+        """One of the pair's runs finished: a run it held back may take the slot."""
+        pair.active -= 1
+        if pair.held:
+            self.let_go(pair)
+
     def _ended(self, pair: Pair, start: float, end: float) -> None:
-        pair.outstanding -= 1
+        self._pair_done(pair)
         stats = pair.stats
         stats.handled += 1
         stats.duration.observe(end - start)
         self._handler_done()
+
+    async def _idle_wait(self) -> None:
+        """A runner with nothing to run: wait until woken (take, _wake_runner)."""
+        waiter = asyncio.get_running_loop().create_future()
+        self._idle.append(waiter)
+        try:
+            await waiter
+        finally:
+            if waiter.done() and not waiter.cancelled():
+                self._waking -= 1
 
     async def _runner(self, handler: Callable[[Delivery], Awaitable[None]]) -> None:
         """One handler slot: takes the next run read until the worker drains."""
         buffer, idle, pair_of, acks = self._buffer, self._idle, self._stream_pair, self._acks
         inflight, keeper = self._inflight, self._keeper
         assert acks is not None
-        loop = asyncio.get_running_loop()
         monotonic = time.monotonic
         while True:
             if not buffer:
                 if self.draining:
                     return
-                waiter = loop.create_future()
-                idle.append(waiter)
-                try:
-                    await waiter
-                finally:
-                    if waiter.done() and not waiter.cancelled():
-                        self._waking -= 1
+                await self._idle_wait()
                 continue
             d = buffer.popleft()
             if buffer and idle and not self._waking:
@@ -186,10 +226,13 @@ class Runners:
                 self._ended(pair, start, monotonic())
                 keeper.release(d)  # no more heartbeats: the reaper retries it
                 raise
-            # _ended and _handler_done, inline: this is every run's path.
+            # _ended, _pair_done and _handler_done, inline: this is every run's path.
             end = monotonic()
             self.running -= 1
-            pair.outstanding -= 1
+            pair.active -= 1
+            if pair.held and pair.active < pair.cap:  # let_go of one run, inline
+                pair.active += 1
+                buffer.append(pair.held.popleft())  # this runner takes it next
             stats.handled += 1
             stats.duration.observe(end - start)
             inflight.outstanding -= 1
@@ -249,6 +292,10 @@ class Runners:
         """Stop: the runs read and the handlers running finish, their failures recorded
         (their acks are left in the ack pipelines)."""
         self.draining = True
+        for pair in set(self._stream_pair.values()):  # the runs held back go too
+            pair.cap = 0
+            if pair.held:
+                self.let_go(pair)
         assert self._drained is not None
         if not self._inflight.outstanding and not self._drained.done():
             self._drained.set_result(None)
