@@ -17,6 +17,11 @@ c. backlog: 200,000 runs dispatched before the worker starts; it drains them. Fi
    runs/s from the first start to the last ack, worker CPU per run.
 d. runners: no Redis; what running a no-op handler with bounded concurrency costs, a task
    per run against a pool of runners, asyncio.to_thread per run against handler threads.
+e. pairs: one worker process serving several tenants (the same spread of 16). "many": 8
+   tenants with 12,500 runs each dispatched before it starts; runs/s from the first start
+   to the last ack, and worker CPU per run. "slow": one tenant's 500 runs take 1 s each
+   in the handler (bench/worker_app.py slow_some), another's 20,000 none; the seconds
+   until the fast tenant's runs are all acknowledged, from the worker's start.
 
 Run:  .venv/bin/python bench/worker.py                 (every part)
       .venv/bin/python bench/worker.py --quick         (a tenth of the sizes, steady 10 s)
@@ -109,11 +114,22 @@ def process_cpu_s(pid: int) -> float:
 class WorkerProcess:
     """`timewheel worker --app worker_app:noop` (from bench/, so the module is found)."""
 
-    def __init__(self, url: str, work: Path, processes: int, concurrency: int) -> None:
+    def __init__(
+        self,
+        url: str,
+        work: Path,
+        processes: int,
+        concurrency: int,
+        *,
+        tenants: tuple[str, ...] = (TENANT,),
+        app: str = "worker_app:noop",
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.notes = work / "notes"
         self.log_path = work / f"worker-{processes}.log"
-        command = [sys.executable, "-m", "timewheel.cli", "worker", "--app", "worker_app:noop"]
-        command += ["--tenant", TENANT, "--concurrency", str(concurrency), "--redis-url", url]
+        command = [sys.executable, "-m", "timewheel.cli", "worker", "--app", app]
+        command += [x for tenant in tenants for x in ("--tenant", tenant)]
+        command += ["--concurrency", str(concurrency), "--redis-url", url]
         command += ["--log-json"]
         if processes > 1:  # a tree without --processes runs one process only
             command += ["--processes", str(processes)]
@@ -133,7 +149,7 @@ class WorkerProcess:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 cwd=BENCH,
-                env={**process_env(), "TW_BENCH_NOTES": str(self.notes)},
+                env={**process_env(), "TW_BENCH_NOTES": str(self.notes), **(env or {})},
             )
         self.processes = processes
 
@@ -188,11 +204,11 @@ class WorkerProcess:
                 self.proc.wait()
 
 
-async def backlog(client: aioredis.Redis, engine: Engine) -> int:
+async def backlog(client: aioredis.Redis, engine: Engine, tenant: str = TENANT) -> int:
     """Entries in the tenant's ready streams (dispatched and not yet acknowledged)."""
     total = 0
-    for shard in engine.store.shards_of(TENANT):
-        total += int(await client.xlen(engine.keys.stream(shard, TENANT, "default")))
+    for shard in engine.store.shards_of(tenant):
+        total += int(await client.xlen(engine.keys.stream(shard, tenant, "default")))
     return total
 
 
@@ -442,18 +458,15 @@ async def steady(url: str, work: Path, rate: int, seconds: float) -> dict[str, A
 # -- c. backlog -------------------------------------------------------------------------
 
 
-async def drain_backlog(url: str, work: Path, runs: int) -> dict[str, Any]:
-    engine = await Engine.connect(settings_for(url))
+async def dispatched_backlog(url: str, engine: Engine, tenant: str, runs: int) -> None:
+    """`runs` runs of the tenant created and dispatched into its ready streams."""
     client = engine.client
     assert isinstance(client, aioredis.Redis)
-    await engine.store.scripts.library.load(client)
-    for shard in range(SHARDS):
-        await engine.dispatch.promote(shard)
 
     def batches() -> Iterator[list[bytes]]:
         for start in range(0, runs, 2000):
             news = [
-                NewTask(tenant=TENANT, payload_json=payload_json(i), delay_ms=0)
+                NewTask(tenant=tenant, payload_json=payload_json(i), delay_ms=0)
                 for i in range(start, min(runs, start + 2000))
             ]
             yield create_commands(engine, news)[0]
@@ -463,11 +476,21 @@ async def drain_backlog(url: str, work: Path, runs: int) -> dict[str, Any]:
         await pipe.run(batches())
     finally:
         await pipe.close()
-    for shard in engine.store.shards_of(TENANT):
+    for shard in engine.store.shards_of(tenant):
         while (await engine.dispatch.tick(shard, limit=5000)).dispatched:
             pass
-    if await backlog(client, engine) != runs:
-        raise RuntimeError("not every run is in the ready streams")
+    if await backlog(client, engine, tenant) != runs:
+        raise RuntimeError(f"not every run of {tenant} is in the ready streams")
+
+
+async def drain_backlog(url: str, work: Path, runs: int) -> dict[str, Any]:
+    engine = await Engine.connect(settings_for(url))
+    client = engine.client
+    assert isinstance(client, aioredis.Redis)
+    await engine.store.scripts.library.load(client)
+    for shard in range(SHARDS):
+        await engine.dispatch.promote(shard)
+    await dispatched_backlog(url, engine, TENANT, runs)
     worker = WorkerProcess(url, work, 1, CONCURRENCY)
     try:
         await worker.wait_started()
@@ -491,6 +514,94 @@ async def drain_backlog(url: str, work: Path, runs: int) -> dict[str, Any]:
         "worker_cpu_us_per_run": round((cpu1 - cpu0) / runs * 1e6, 1),
         "redis_cpu_us_per_run": round((redis1 - redis0) / runs * 1e6, 1),
         "redis_command_us_per_run": command_share(usec0, usec1, runs),
+    }
+
+
+# -- e. pairs --------------------------------------------------------------------------
+
+PAIRS_MANY = 8
+PAIRS_SLOW = ("slow", 500, 1.0)
+"""The slow tenant of the "slow" part: its runs, and each one's seconds in the handler."""
+PAIRS_FAST = ("fast", 20_000)
+
+
+async def pairs_many(url: str, work: Path, runs: int) -> dict[str, Any]:
+    """PAIRS_MANY tenants' backlogs of runs / PAIRS_MANY each, one worker serving all."""
+    engine = await Engine.connect(settings_for(url))
+    client = engine.client
+    assert isinstance(client, aioredis.Redis)
+    await engine.store.scripts.library.load(client)
+    for shard in range(SHARDS):
+        await engine.dispatch.promote(shard)
+    tenants = tuple(f"pair-{i}" for i in range(PAIRS_MANY))
+    for tenant in tenants:
+        await dispatched_backlog(url, engine, tenant, runs // PAIRS_MANY)
+    total = runs // PAIRS_MANY * PAIRS_MANY
+    worker = WorkerProcess(url, work, 1, CONCURRENCY, tenants=tenants)
+    try:
+        await worker.wait_started()
+        cpu0 = worker.cpu_s()
+        deadline = time.monotonic() + 300
+        while worker.noted() < total or any([await backlog(client, engine, t) for t in tenants]):
+            if time.monotonic() > deadline or worker.proc.poll() is not None:
+                raise RuntimeError(f"only {worker.noted()} of {total} runs handled")
+            await asyncio.sleep(0.02)
+        cpu1, ended_ms = worker.cpu_s(), time.time() * 1000
+    finally:
+        worker.stop()
+        await engine.close()
+    notes = worker.notes_read()
+    seconds = max(1e-3, (ended_ms - min(start for _, _, start in notes)) / 1000)
+    return {
+        "tenants": PAIRS_MANY,
+        "runs": total,
+        "concurrency": CONCURRENCY,
+        "seconds": round(seconds, 2),
+        "runs_per_s": round(total / seconds),
+        "worker_cpu_us_per_run": round((cpu1 - cpu0) / total * 1e6, 1),
+    }
+
+
+async def pairs_slow(url: str, work: Path) -> dict[str, Any]:
+    """A slow tenant beside a fast one: when the fast one's runs are all acknowledged."""
+    engine = await Engine.connect(settings_for(url))
+    client = engine.client
+    assert isinstance(client, aioredis.Redis)
+    await engine.store.scripts.library.load(client)
+    for shard in range(SHARDS):
+        await engine.dispatch.promote(shard)
+    (slow, slow_runs, slow_s), (fast, fast_runs) = PAIRS_SLOW, PAIRS_FAST
+    await dispatched_backlog(url, engine, slow, slow_runs)
+    await dispatched_backlog(url, engine, fast, fast_runs)
+    worker = WorkerProcess(
+        url,
+        work,
+        1,
+        CONCURRENCY,
+        tenants=(slow, fast),
+        app="worker_app:slow_some",
+        env={"TW_BENCH_SLOW_TENANTS": slow, "TW_BENCH_SLOW_S": str(slow_s)},
+    )
+    try:
+        await worker.wait_started()
+        started = time.monotonic()
+        deadline = started + 300
+        while await backlog(client, engine, fast):
+            if time.monotonic() > deadline or worker.proc.poll() is not None:
+                raise RuntimeError("the fast tenant's runs were not all handled")
+            await asyncio.sleep(0.02)
+        fast_done_s = time.monotonic() - started
+        slow_left = await backlog(client, engine, slow)
+    finally:
+        worker.stop()
+        await engine.close()
+    return {
+        "slow": {"tenant": slow, "runs": slow_runs, "handler_s": slow_s},
+        "fast": {"tenant": fast, "runs": fast_runs},
+        "concurrency": CONCURRENCY,
+        "fast_done_s": round(fast_done_s, 2),
+        "slow_runs_left_then": slow_left,
+        "slow_alone_s": round(slow_runs * slow_s / CONCURRENCY, 1),
     }
 
 
@@ -671,7 +782,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("command", nargs="?", default="all", choices=["all", "_load"])
     parser.add_argument("--url")
-    parser.add_argument("--parts", default="herd,steady,backlog,runners")
+    parser.add_argument("--parts", default="herd,steady,backlog,runners,pairs")
     parser.add_argument("--processes", default="1,2", help="herd runs with these (default 1,2)")
     parser.add_argument("--runs", type=int, default=100_000, help="herd runs (default 100,000)")
     parser.add_argument("--backlog-runs", type=int, default=200_000)
@@ -745,6 +856,18 @@ def main() -> None:
             print(
                 f"backlog: {b['runs_per_s']} runs/s, worker {b['worker_cpu_us_per_run']} us/run, "
                 f"Redis {b['redis_cpu_us_per_run']} us/run ({b['handled']}/{b['runs']})",
+                flush=True,
+            )
+        if "pairs" in parts:
+            m = on_fresh_server(root, "pairs-many", pairs_many, args.runs)
+            w = on_fresh_server(root, "pairs-slow", pairs_slow)
+            result["pairs"] = {"many": m, "slow": w}
+            print(
+                f"pairs: {m['tenants']} tenants, {m['runs_per_s']} runs/s, worker "
+                f"{m['worker_cpu_us_per_run']} us/run; beside a tenant of "
+                f"{w['slow']['runs']} runs of {w['slow']['handler_s']} s, the fast tenant's "
+                f"{w['fast']['runs']} runs done after {w['fast_done_s']} s (the slow ones "
+                f"alone: {w['slow_alone_s']} s; {w['slow_runs_left_then']} left then)",
                 flush=True,
             )
     if "runners" in parts:

@@ -10,6 +10,7 @@ count the runs handled while the worker runs and read every start afterwards.
 from __future__ import annotations
 
 import array
+import asyncio
 import atexit
 import os
 import threading
@@ -43,6 +44,18 @@ def _flusher() -> None:
     while True:
         time.sleep(0.1)
         _flush()
+
+
+_SLOW = frozenset(filter(None, os.environ.get("TW_BENCH_SLOW_TENANTS", "").split(",")))
+_SLOW_S = float(os.environ.get("TW_BENCH_SLOW_S", "1.0"))
+
+
+async def slow_some(delivery: Delivery) -> None:
+    """noop, but the runs of the tenants in $TW_BENCH_SLOW_TENANTS take $TW_BENCH_SLOW_S
+    seconds (a slow endpoint beside fast ones)."""
+    await noop(delivery)
+    if delivery.tenant in _SLOW:
+        await asyncio.sleep(_SLOW_S)
 
 
 threading.Thread(target=_flusher, name="bench-notes", daemon=True).start()
