@@ -17,7 +17,8 @@ its own module, the counts they share in one `InFlight` (runs/inflight.py):
 - **the runners** (runs/runners.py): `concurrency` of them, each taking the next run
   read (a coroutine each for an `async def` handler; a thread each for a plain function,
   so a blocking handler blocks nothing else), so a run costs no task and no thread
-  hand-off of its own;
+  hand-off of its own; while several pairs have work, each pair runs at most its share
+  of them, so one with slow handlers cannot hold every slot;
 - **the recorder** (runs/recording.py) sends the acks in pipelines (runs/acks.py) once
   the handler has returned: never before. Outcomes not yet recorded are bounded too: the
   reader waits when they pile up;
