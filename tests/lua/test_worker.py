@@ -404,11 +404,22 @@ async def test_a_slow_pair_does_not_take_every_handler_slot(engine: Engine) -> N
     task = asyncio.create_task(worker.run(handler, stop))
     started = time.monotonic()
     try:
+        await _until(lambda: most["slowco"] == 4, 10, "the slow pair never took its share")
+        text = generate_latest(worker.metrics.registry).decode()  # both pairs have work
         await _until(lambda: done["fastco"] == 200, 20, "the fast pair starved")
         fast_s = time.monotonic() - started
     finally:
         stop.set()
         await asyncio.wait_for(task, 30)
+
+    def gauge(name: str) -> float:
+        prefix = f'{name}{{queue="hooks",tenant="slowco"}} '
+        [line] = [line for line in text.splitlines() if line.startswith(prefix)]
+        return float(line.rsplit(" ", 1)[1])
+
+    assert gauge("timewheel_worker_pair_slot_share") == 4
+    assert gauge("timewheel_worker_pair_active_runs") == 4
+    assert gauge("timewheel_worker_pair_held_runs") >= 1  # its read-ahead, waiting
     assert fast_s < 5, (fast_s, done)  # starved: 7-8 s, behind every slow run
     assert most["slowco"] <= 4, most  # its share of 8 slots between two busy pairs
     assert done["slowco"] >= 4  # and it kept its share meanwhile

@@ -128,6 +128,9 @@ class WorkerMetrics(Collector):
         self.pairs: dict[tuple[str, str], PairStats] = {}
         self.gauges: Callable[[], dict[str, float]] = dict
         """Name -> value of the gauges (running handlers, read-ahead, acks waiting ...)."""
+        self.pair_gauges: Callable[[], list[tuple[str, str, int, int, int]]] = list
+        """(tenant, queue, runs given to the handler slots, runs held back, share of the
+        slots) of every pair served (_PAIR_GAUGES), set by the worker."""
         self.registry.register(self)
 
     def pair(self, tenant: str, queue: str) -> PairStats:
@@ -163,9 +166,32 @@ class WorkerMetrics(Collector):
             lag.add_metric([p.tenant, p.queue], buckets, total)
         yield duration
         yield lag
+        rows = self.pair_gauges()
+        for column, (name, text) in enumerate(_PAIR_GAUGES):
+            gauge = GaugeMetricFamily(name, text, labels=labels)
+            for tenant, queue, *values in rows:
+                gauge.add_metric([tenant, queue], values[column])
+            yield gauge
         for name, value in self.gauges().items():
             yield GaugeMetricFamily(name, _GAUGE_HELP.get(name, name), value=value)
 
+
+_PAIR_GAUGES = (
+    (
+        "timewheel_worker_pair_active_runs",
+        "Runs of the pair given to the handler slots and not finished (waiting for a "
+        "slot, or running).",
+    ),
+    (
+        "timewheel_worker_pair_held_runs",
+        "Runs of the pair read and held back: it uses its share of the slots already "
+        "while other pairs have work.",
+    ),
+    (
+        "timewheel_worker_pair_slot_share",
+        "Handler slots the pair may use while other pairs have work (0: no share).",
+    ),
+)
 
 _GAUGE_HELP = {
     "timewheel_worker_running_handlers": "Handlers running now.",

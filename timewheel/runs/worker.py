@@ -111,6 +111,7 @@ class Worker:
         self.prefetch = max(0, self.concurrency if prefetch is None else prefetch)
         self.metrics = metrics or WorkerMetrics()
         self.metrics.gauges = self._gauges
+        self.metrics.pair_gauges = self._pair_gauges
         served: list[Pair] = []
         patterns: list[tuple[str, str]] = []
         for t, q in dict.fromkeys(wanted):  # in order, without repeats
@@ -279,6 +280,9 @@ class Worker:
             "timewheel_worker_prefetch": self._reader.prefetch_now,
             "timewheel_clock_offset_seconds": self.store.clock.skew_ms / 1000.0,
         }
+
+    def _pair_gauges(self) -> list[tuple[str, str, int, int, int]]:
+        return [(p.tenant, p.queue, p.active, len(p.held), p.cap) for p in self._reader.pairs]
 
     async def run(self, handler: Handler, stop: asyncio.Event) -> int:
         """Handle deliveries with bounded concurrency until `stop` is set; returns runs acked.
