@@ -184,6 +184,11 @@ class WorkerProcess:
             p.stat().st_size // NOTE_BYTES for p in self.notes.parent.glob(self.notes.name + ".*")
         )
 
+    def seconds_to(self, ended_ms: float) -> float:
+        """Seconds from the first handler start noted to `ended_ms`."""
+        first = min(start for _, _, start in self.notes_read())
+        return max(1e-3, (ended_ms - first) / 1000)
+
     def notes_read(self) -> list[tuple[float, float, float]]:
         """(due ms, dispatched ms, start ms) of every run the handler noted."""
         out: list[tuple[float, float, float]] = []
@@ -458,6 +463,18 @@ async def steady(url: str, work: Path, rate: int, seconds: float) -> dict[str, A
 # -- c. backlog -------------------------------------------------------------------------
 
 
+async def primed_engine(url: str) -> tuple[Engine, aioredis.Redis]:
+    """An engine on a fresh server, its library loaded and every shard promoted once (as
+    a scheduler does at start), and its client."""
+    engine = await Engine.connect(settings_for(url))
+    client = engine.client
+    assert isinstance(client, aioredis.Redis)
+    await engine.store.scripts.library.load(client)
+    for shard in range(SHARDS):
+        await engine.dispatch.promote(shard)
+    return engine, client
+
+
 async def dispatched_backlog(url: str, engine: Engine, tenant: str, runs: int) -> None:
     """`runs` runs of the tenant created and dispatched into its ready streams."""
     client = engine.client
@@ -484,12 +501,7 @@ async def dispatched_backlog(url: str, engine: Engine, tenant: str, runs: int) -
 
 
 async def drain_backlog(url: str, work: Path, runs: int) -> dict[str, Any]:
-    engine = await Engine.connect(settings_for(url))
-    client = engine.client
-    assert isinstance(client, aioredis.Redis)
-    await engine.store.scripts.library.load(client)
-    for shard in range(SHARDS):
-        await engine.dispatch.promote(shard)
+    engine, client = await primed_engine(url)
     await dispatched_backlog(url, engine, TENANT, runs)
     worker = WorkerProcess(url, work, 1, CONCURRENCY)
     try:
@@ -503,12 +515,11 @@ async def drain_backlog(url: str, work: Path, runs: int) -> dict[str, Any]:
     finally:
         worker.stop()
         await engine.close()
-    notes = worker.notes_read()
-    seconds = max(1e-3, (ended_ms - min(start for _, _, start in notes)) / 1000)
+    seconds = worker.seconds_to(ended_ms)
     return {
         "runs": runs,
         "concurrency": CONCURRENCY,
-        "handled": len(notes),
+        "handled": worker.noted(),
         "seconds": round(seconds, 2),
         "runs_per_s": round(runs / seconds),
         "worker_cpu_us_per_run": round((cpu1 - cpu0) / runs * 1e6, 1),
@@ -527,12 +538,7 @@ PAIRS_FAST = ("fast", 20_000)
 
 async def pairs_many(url: str, work: Path, runs: int) -> dict[str, Any]:
     """PAIRS_MANY tenants' backlogs of runs / PAIRS_MANY each, one worker serving all."""
-    engine = await Engine.connect(settings_for(url))
-    client = engine.client
-    assert isinstance(client, aioredis.Redis)
-    await engine.store.scripts.library.load(client)
-    for shard in range(SHARDS):
-        await engine.dispatch.promote(shard)
+    engine, client = await primed_engine(url)
     tenants = tuple(f"pair-{i}" for i in range(PAIRS_MANY))
     for tenant in tenants:
         await dispatched_backlog(url, engine, tenant, runs // PAIRS_MANY)
@@ -550,8 +556,7 @@ async def pairs_many(url: str, work: Path, runs: int) -> dict[str, Any]:
     finally:
         worker.stop()
         await engine.close()
-    notes = worker.notes_read()
-    seconds = max(1e-3, (ended_ms - min(start for _, _, start in notes)) / 1000)
+    seconds = worker.seconds_to(ended_ms)
     return {
         "tenants": PAIRS_MANY,
         "runs": total,
@@ -564,12 +569,7 @@ async def pairs_many(url: str, work: Path, runs: int) -> dict[str, Any]:
 
 async def pairs_slow(url: str, work: Path) -> dict[str, Any]:
     """A slow tenant beside a fast one: when the fast one's runs are all acknowledged."""
-    engine = await Engine.connect(settings_for(url))
-    client = engine.client
-    assert isinstance(client, aioredis.Redis)
-    await engine.store.scripts.library.load(client)
-    for shard in range(SHARDS):
-        await engine.dispatch.promote(shard)
+    engine, client = await primed_engine(url)
     (slow, slow_runs, slow_s), (fast, fast_runs) = PAIRS_SLOW, PAIRS_FAST
     await dispatched_backlog(url, engine, slow, slow_runs)
     await dispatched_backlog(url, engine, fast, fast_runs)
