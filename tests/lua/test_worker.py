@@ -39,6 +39,13 @@ async def _dispatched(engine: Engine, tenant: str, queue: str, count: int) -> li
     return [c.task_id for c in created]
 
 
+def _sample(text: str, name: str, tenant: str, queue: str) -> float:
+    """A pair's sample of a metric in Prometheus' text format."""
+    prefix = f'{name}{{queue="{queue}",tenant="{tenant}"}} '
+    [line] = [line for line in text.splitlines() if line.startswith(prefix)]
+    return float(line.rsplit(" ", 1)[1])
+
+
 async def _pending(engine: Engine, worker: Worker) -> int:
     total = 0
     for stream in worker.streams:
@@ -243,9 +250,7 @@ async def test_metrics_count_every_outcome(fast: Engine) -> None:
     text = generate_latest(worker.metrics.registry).decode()
 
     def value(name: str) -> float:
-        prefix = f'{name}{{queue="default",tenant="acme"}} '
-        [line] = [line for line in text.splitlines() if line.startswith(prefix)]
-        return float(line.rsplit(" ", 1)[1])
+        return _sample(text, name, "acme", "default")
 
     assert value("timewheel_worker_handled_runs_total") == 6
     assert value("timewheel_worker_acked_runs_total") == 4
@@ -413,9 +418,7 @@ async def test_a_slow_pair_does_not_take_every_handler_slot(engine: Engine) -> N
         await asyncio.wait_for(task, 30)
 
     def gauge(name: str) -> float:
-        prefix = f'{name}{{queue="hooks",tenant="slowco"}} '
-        [line] = [line for line in text.splitlines() if line.startswith(prefix)]
-        return float(line.rsplit(" ", 1)[1])
+        return _sample(text, name, "slowco", "hooks")
 
     assert gauge("timewheel_worker_pair_slot_share") == 4
     assert gauge("timewheel_worker_pair_active_runs") == 4

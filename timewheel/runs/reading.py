@@ -7,13 +7,9 @@ of them at once (BLOCK), which may bring one run per stream. Pairs with work sha
 read equally; the others get a small probe, in an order that rotates; the runs of one
 read are interleaved across pairs before they reach the runners.
 
-A tenant's shards may grow while the worker runs (its limit `shards`: the streams of
-every shard it has used are read, store/placement.py): the reader reads its tenants'
-shards again every SHARDS_REFRESH_S and starts reading the new streams (its consumer
-group made on each from the stream's start, so nothing already there is missed). Tenant
-patterns (runs/patterns.py) are matched against the tenant registry again every
-`tenants_refresh_s`; the pairs of tenants registered meanwhile join the same way. A
-reader whose patterns match no tenant yet reads nothing and looks again.
+The pairs and streams it reads, and how they grow while the worker runs, are
+runs/serving.py's (`Served`); a reader whose patterns match no tenant yet reads nothing
+and looks again.
 """
 
 from __future__ import annotations
@@ -22,8 +18,7 @@ import asyncio
 import contextlib
 import itertools
 import time
-from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -32,9 +27,7 @@ from timewheel.errors import RedisUnavailable
 from timewheel.runs.delivery import Delivery, parse_entry
 from timewheel.runs.inflight import InFlight
 from timewheel.runs.leases import LeaseKeeper
-from timewheel.runs.metrics import PairStats
-from timewheel.runs.outcomes import Outcomes
-from timewheel.runs.patterns import TENANTS_REFRESH_S, matching, registered_tenants
+from timewheel.runs.serving import Pair, Served
 from timewheel.runs.wire import Wire
 from timewheel.store.connection import TORN, UNREACHABLE, torn_connection
 from timewheel.store.shard import Store
@@ -52,38 +45,9 @@ CLUSTER_POLL_S = 0.05
 blocking read of one would hold back the others)."""
 PREFETCH_GROWTH = 4
 """While handlers outpace the reads, the read-ahead grows up to this times `prefetch`."""
-SHARDS_REFRESH_S = 2.0
-"""How often the worker reads its tenants' shards again (new shards' streams are read
-within about this long of a change)."""
 IDLE_POLL_S = 0.5
 """With tenant patterns that match no tenant yet: the pause between looks at the
 registry's refresh time."""
-
-
-class Pair:
-    """One (tenant, queue) a worker serves: its streams and its stats."""
-
-    __slots__ = ("active", "busy", "cap", "held", "queue", "stats", "streams", "tenant")
-
-    def __init__(self, tenant: str, queue: str, streams: list[str], stats: PairStats) -> None:
-        self.tenant = tenant
-        self.queue = queue
-        self.streams = streams
-        self.stats = stats
-        self.busy = True
-        """Whether its last read filled a stream's count (so more is likely waiting)."""
-        self.active = 0
-        """Its runs given to the runners whose handler has not finished (waiting for a
-        slot, or running)."""
-        self.held: deque[Delivery] = deque()
-        """Its runs read and held back while `active` is at `cap` (runs/runners.py)."""
-        self.cap = 0
-        """Its share of the handler slots while other pairs are busy too (0: none)."""
-
-    @property
-    def outstanding(self) -> int:
-        """Its runs read whose handler has not finished (held back, or given)."""
-        return self.active + len(self.held)
 
 
 class Reader:
@@ -92,33 +56,23 @@ class Reader:
     def __init__(
         self,
         store: Store,
-        outcomes: Outcomes,
         group: str,
         consumer: str,
         wire: Wire | None,
-        pairs: list[Pair],
-        stream_pair: dict[str, Pair],
+        served: Served,
         *,
         concurrency: int,
         prefetch: int,
         inflight: InFlight,
         keeper: LeaseKeeper,
         runners: Runners,
-        patterns: Sequence[tuple[str, str]] = (),
-        new_pair: Callable[[str, str], Pair] | None = None,
-        tenants_refresh_s: float = TENANTS_REFRESH_S,
     ) -> None:
         self.store = store
-        self.outcomes = outcomes
         self.group = group
         self.consumer = consumer
         self._wire = wire
         """The bulk calls of runs/wire.py (standalone Redis only)."""
-        self.pairs = pairs
-        self.stream_pair = stream_pair
-        """The pair of each stream read, shared with the runners and the recorder
-        (changed in place as streams are added)."""
-        self.streams = list(self.stream_pair)
+        self.served = served
         self.concurrency = concurrency
         self.prefetch = prefetch
         self.prefetch_now = prefetch
@@ -129,93 +83,19 @@ class Reader:
         self._keeper = keeper
         self._runners = runners
         inflight.set_capacity(concurrency + prefetch)
-        self.groups_ready = False
-        self._next_shards = 0.0
-        """When the tenants' shards are read again (refresh_shards)."""
-        self.patterns = list(patterns)
-        """(tenant pattern, queue): the pairs of the registered tenants they match are
-        served too (refresh_tenants)."""
-        self._new_pair = new_pair
-        self.tenants_refresh_s = tenants_refresh_s
-        self._next_tenants = 0.0
-        """When the tenant registry is matched again (refresh_tenants)."""
         self._rotation = 0
-        self._slot_cap = 0
-        """Each pair's share of the handler slots now (share_slots)."""
 
-    async def ensure_groups(self) -> None:
-        """Create the consumer group on each stream (from its start, so nothing is missed)."""
-        if self.patterns:
-            await self.refresh_tenants()
-        await self.refresh_shards()
-        for stream in self.streams:
-            await self.outcomes.register_group(stream, self.group)
-        self.groups_ready = True
+    @property
+    def pairs(self) -> list[Pair]:
+        return self.served.pairs
 
-    async def refresh_tenants(self) -> None:
-        """Match the tenant patterns against the registry again and serve the pairs of
-        the tenants new to the worker."""
-        self._next_tenants = time.monotonic() + self.tenants_refresh_s
-        served = {(p.tenant, p.queue) for p in self.pairs}
-        found = matching(await registered_tenants(self.store), self.patterns)
-        new = [pair for pair in found if pair not in served]
-        if not new:
-            return
-        assert self._new_pair is not None
-        for tenant, queue in new:
-            await self.add_pair(self._new_pair(tenant, queue))
-        log.info("worker_pairs_added", pairs=[f"{t}/{q}" for t, q in new])
+    @property
+    def stream_pair(self) -> dict[str, Pair]:
+        return self.served.stream_pair
 
-    async def add_pair(self, pair: Pair) -> None:
-        """Serve one more pair: its streams read from now on (each with its consumer
-        group made first, once the worker's groups are)."""
-        if self.groups_ready:
-            for stream in pair.streams:
-                await self.outcomes.register_group(stream, self.group)
-        pair.cap = self._slot_cap
-        self.pairs.append(pair)
-        self.stream_pair.update(dict.fromkeys(pair.streams, pair))
-        self.streams = list(self.stream_pair)
-
-    async def refresh_shards(self) -> None:
-        """Read the tenants' shards again; add the streams of shards new to the worker,
-        each with its consumer group made first."""
-        self._next_shards = time.monotonic() + SHARDS_REFRESH_S
-        if not self.pairs:
-            return
-        tenants = list(dict.fromkeys(p.tenant for p in self.pairs))
-        found = await self.store.placements.load_many(tenants, fresh=True)
-        used = dict(zip(tenants, (p.used for p in found), strict=True))
-        keys = self.store.keys
-        added = [
-            (pair, stream)
-            for pair in self.pairs
-            for stream in (keys.stream(s, pair.tenant, pair.queue) for s in used[pair.tenant])
-            if stream not in self.stream_pair
-        ]
-        for pair, stream in added:
-            if self.groups_ready:
-                await self.outcomes.register_group(stream, self.group)
-            pair.streams.append(stream)
-            self.stream_pair[stream] = pair
-        if added:
-            self.streams = list(self.stream_pair)
-            if self.groups_ready:  # a change while running (not the first read of them)
-                log.info("worker_streams_added", streams=[s for _, s in added])
-
-    async def refresh_if_due(self) -> None:
-        now = time.monotonic()
-        if self.patterns and now >= self._next_tenants:
-            try:
-                await self.refresh_tenants()
-            except RedisUnavailable as exc:
-                log.warning("tenants_read_failed", error=str(exc))
-        if now < self._next_shards:
-            return
-        try:
-            await self.refresh_shards()
-        except RedisUnavailable as exc:
-            log.warning("shards_read_failed", error=str(exc))
+    @property
+    def streams(self) -> list[str]:
+        return self.served.streams
 
     async def read_streams(
         self, plan: Sequence[tuple[int, list[str]]], block_ms: int | None
@@ -316,9 +196,9 @@ class Reader:
         """Give every pair its share of the handler slots for `busy` busy pairs (none for
         one), the runs a pair held back beyond a larger share let go."""
         cap = -(-self.concurrency // busy) if busy > 1 else 0
-        if cap == self._slot_cap:
+        if cap == self.served.cap:
             return
-        self._slot_cap = cap
+        self.served.cap = cap
         for p in self.pairs:
             p.cap = cap
             if p.held:
@@ -369,7 +249,7 @@ class Reader:
 
     def _hand_over(self, got: list[tuple[str, int, list[Delivery]]]) -> None:
         """A read's runs: counted in their pairs, their leases held, to the runners."""
-        pair_of, shared = self.stream_pair, bool(self._slot_cap)
+        pair_of, shared = self.stream_pair, bool(self.served.cap)
         if not shared:  # all go to the runners (else take counts them)
             for stream, _, ds in got:
                 pair_of[stream].active += len(ds)
@@ -379,13 +259,13 @@ class Reader:
 
     async def loop(self, stop: asyncio.Event) -> None:
         """Read until `stop` is set, giving the runs read to the runners."""
-        inflight = self._inflight
+        inflight, served = self._inflight, self.served
         found = True
         while not stop.is_set():
             if not self.streams:  # patterns that match no tenant yet
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), IDLE_POLL_S)
-                await self.refresh_if_due()
+                await served.refresh_if_due()
                 continue
             room = inflight.room()
             if room < inflight.read_min and (inflight.outstanding or room <= 0):
@@ -401,13 +281,13 @@ class Reader:
             block = READ_BLOCK_MS if not found else None
             self._last_full_before = self._last_full
             try:
-                if not self.groups_ready:
-                    await self.ensure_groups()
+                if not served.groups_ready:
+                    await served.ensure_groups()
                 got = await self.read_streams(plan, block)
-                await self.refresh_if_due()
+                await served.refresh_if_due()
             except RedisUnavailable as exc:
                 if "NOGROUP" in str(exc):  # streams gone (a restore, a flush): make them again
-                    self.groups_ready = False
+                    served.groups_ready = False
                 log.warning("read_failed", error=str(exc))
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), 0.5)

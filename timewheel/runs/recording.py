@@ -19,7 +19,7 @@ from timewheel.runs.failures import FailureLog
 from timewheel.runs.inflight import InFlight
 from timewheel.runs.leases import LeaseKeeper
 from timewheel.runs.outcomes import FailResult, Failure, Outcomes
-from timewheel.runs.reading import Pair
+from timewheel.runs.serving import Pair
 from timewheel.runs.signals import Retry
 from timewheel.runs.wire import Wire
 

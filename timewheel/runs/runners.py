@@ -6,11 +6,11 @@ function, so a blocking handler blocks nothing else, taking runs from a queue an
 their ends back to the event loop in batches (one wake-up of the loop per batch, not per
 run). So a run costs no task, no future and no thread hand-off of its own.
 
-While the reader shares the slots between busy pairs (runs/reading.py, `Pair.cap`), a run
-whose pair has its share of the slots in use (runs given to the runners and not
-finished: `Pair.active`) is held back in the pair's `held` until one of them finishes:
-the runners take runs in the order read, so a pair whose handlers are slow would
-otherwise fill every slot in turn.
+While the reader shares the slots between busy pairs (runs/reading.py; `Pair.cap`,
+runs/serving.py), a run whose pair has its share of the slots in use (runs given to the
+runners and not finished: `Pair.active`) is held back in the pair's `held` until one of
+them finishes: the runners take runs in the order read, so a pair whose handlers are
+slow would otherwise fill every slot in turn.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from timewheel.runs.acks import AckBatcher
 from timewheel.runs.delivery import Delivery
 from timewheel.runs.inflight import InFlight
 from timewheel.runs.leases import LeaseKeeper
-from timewheel.runs.reading import Pair
+from timewheel.runs.serving import Pair
 
 RecordFailure = Callable[[Delivery, BaseException], Coroutine[Any, Any, str]]
 

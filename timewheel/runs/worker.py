@@ -13,7 +13,9 @@ its own module, the counts they share in one `InFlight` (runs/inflight.py):
 
 - **the reader** (runs/reading.py) reads ahead: while handlers run it reads the next
   runs, as many as free handler slots plus `prefetch`, so the next batch is there when a
-  slot frees; several (tenant, queue) pairs share it fairly, round robin;
+  slot frees; several (tenant, queue) pairs share it fairly, round robin (the pairs and
+  their streams, found again as tenants' shards grow and patterns match new tenants:
+  runs/serving.py);
 - **the runners** (runs/runners.py): `concurrency` of them, each taking the next run
   read (a coroutine each for an `async def` handler; a thread each for a plain function,
   so a blocking handler blocks nothing else), so a run costs no task and no thread
@@ -52,9 +54,10 @@ from timewheel.runs.leases import LeaseKeeper
 from timewheel.runs.metrics import WorkerMetrics
 from timewheel.runs.outcomes import Outcomes
 from timewheel.runs.patterns import TENANTS_REFRESH_S, is_pattern, tenant_or_pattern
-from timewheel.runs.reading import Pair, Reader
+from timewheel.runs.reading import Reader
 from timewheel.runs.recording import Recorder
 from timewheel.runs.runners import Runners
+from timewheel.runs.serving import Pair, Served
 from timewheel.runs.wire import Wire
 from timewheel.store.shard import Store
 
@@ -112,17 +115,26 @@ class Worker:
         self.metrics = metrics or WorkerMetrics()
         self.metrics.gauges = self._gauges
         self.metrics.pair_gauges = self._pair_gauges
-        served: list[Pair] = []
+        named: list[Pair] = []
         patterns: list[tuple[str, str]] = []
         for t, q in dict.fromkeys(wanted):  # in order, without repeats
             t, q = tenant_or_pattern(t), validate_name(q, "queue")
             if is_pattern(t):
                 patterns.append((t, q))
             else:
-                served.append(self._pair(t, q))
-        self.tenant, self.queue = (served[0].tenant, served[0].queue) if served else patterns[0]
+                named.append(self._pair(t, q))
+        self.tenant, self.queue = (named[0].tenant, named[0].queue) if named else patterns[0]
         """The first pair given (a pattern's, when no tenant is named)."""
         self.patterns = patterns
+        self._served = served = Served(
+            store,
+            self.outcomes,
+            self.group,
+            named,
+            patterns=patterns,
+            new_pair=self._pair,
+            tenants_refresh_s=tenants_refresh_s,
+        )
         client = store.client
         self._wire = (
             Wire(client, self.outcomes, self.group, self.consumer)
@@ -132,9 +144,7 @@ class Worker:
         """The bulk calls of runs/wire.py (standalone Redis only)."""
         self._inflight = inflight = InFlight()
         self._keeper = keeper = LeaseKeeper(store, self.group, self.consumer, inflight)
-        stream_pair: dict[str, Pair] = {}
-        for pair in served:
-            stream_pair.update(dict.fromkeys(pair.streams, pair))
+        stream_pair = served.stream_pair
         self._recorder = Recorder(
             self.outcomes,
             self.group,
@@ -153,20 +163,15 @@ class Worker:
         )
         self._reader = Reader(
             store,
-            self.outcomes,
             self.group,
             self.consumer,
             self._wire,
             served,
-            stream_pair,
             concurrency=self.concurrency,
             prefetch=self.prefetch,
             inflight=inflight,
             keeper=keeper,
             runners=self._runners,
-            patterns=patterns,
-            new_pair=self._pair,
-            tenants_refresh_s=tenants_refresh_s,
         )
 
     def _pair(self, tenant: str, queue: str) -> Pair:
@@ -176,12 +181,12 @@ class Worker:
     @property
     def pairs(self) -> list[tuple[str, str]]:
         """The (tenant, queue) pairs served: those named, then those the patterns found."""
-        return [(p.tenant, p.queue) for p in self._reader.pairs]
+        return [(p.tenant, p.queue) for p in self._served.pairs]
 
     @property
     def streams(self) -> list[str]:
         """Every stream read: each pair's, on every shard its tenant has used."""
-        return self._reader.streams
+        return self._served.streams
 
     @property
     def handled(self) -> int:
@@ -197,19 +202,19 @@ class Worker:
 
     async def ensure_groups(self) -> None:
         """Create the consumer group on each stream (from its start, so nothing is missed)."""
-        await self._reader.ensure_groups()
+        await self._served.ensure_groups()
 
     async def read(self, count: int = 100, block_ms: int = 1000) -> list[Delivery]:
         """New deliveries for this consumer (up to `count` per stream), waiting up to
         block_ms when there are none."""
-        reader = self._reader
-        if not reader.groups_ready:
-            await reader.ensure_groups()
-        await reader.refresh_if_due()
-        if not reader.streams:  # patterns that match no tenant yet
+        served = self._served
+        if not served.groups_ready:
+            await served.ensure_groups()
+        await served.refresh_if_due()
+        if not served.streams:  # patterns that match no tenant yet
             await asyncio.sleep(block_ms / 1000)
             return []
-        replies = await reader.read_streams([(count, reader.streams)], block_ms)
+        replies = await self._reader.read_streams([(count, served.streams)], block_ms)
         return [d for _, _, got in replies for d in got]
 
     async def ack(self, delivery: Delivery) -> bool:
@@ -240,7 +245,7 @@ class Worker:
         """
         recorder, keeper = self._recorder, self._keeper
         keeper.hold([delivery], time.monotonic())
-        stats = self._reader.stream_pair[delivery.stream].stats
+        stats = self._served.stream_pair[delivery.stream].stats
         if recorder.acks is None:  # not inside `run`: failures are logged under this handler
             recorder.failures = FailureLog(handler_name(handler), recorder.tracebacks_per_s)
         try:
@@ -282,7 +287,7 @@ class Worker:
         }
 
     def _pair_gauges(self) -> list[tuple[str, str, int, int, int]]:
-        return [(p.tenant, p.queue, p.active, len(p.held), p.cap) for p in self._reader.pairs]
+        return [(p.tenant, p.queue, p.active, len(p.held), p.cap) for p in self._served.pairs]
 
     async def run(self, handler: Handler, stop: asyncio.Event) -> int:
         """Handle deliveries with bounded concurrency until `stop` is set; returns runs acked.
