@@ -1,13 +1,16 @@
 """Redis's time per run in run_ack and in run_fail's retry path, from INFO commandstats.
 
 A fresh redis-server (AOF appendfsync always), 64 shards, ONE tenant spread over 16
-shards, 100-byte payloads, as bench/worker.py. `runs` runs are created due now, dispatched
-by ticking every shard, read by XREADGROUP in a consumer group, then reported in batches
-of `batch` deliveries mixed over the tenant's 16 streams (as a worker's acks come back;
-the default, 1,024, is a worker's full ack pipeline, ACK_BATCH: one call of 64 runs per
-shard, ACK_PER_CALL, the call a draining worker makes): first acked, then (a second set
-of runs) failed with retries left. Only those calls run while commandstats is sampled,
-so FCALL's microseconds per run are the call's, nested commands included; the nested
+shards, 100-byte payloads, as bench/worker.py. Two sets of `runs` runs are created
+together, in turns (so the records of both lie alike in every body hash: a set created
+after the other would sit behind it in each hash, and its every HGET and HSET walk
+further), the ack set due now and the fail set a minute later. Each set in its turn is
+dispatched by ticking every shard, read by XREADGROUP in a consumer group, then reported
+in batches of `batch` deliveries mixed over the tenant's 16 streams (as a worker's acks
+come back; the default, 1,024, is a worker's full ack pipeline, ACK_BATCH: one call of 64
+runs per shard, ACK_PER_CALL, the call a draining worker makes): the first acked, the
+second failed with retries left. Only those calls run while commandstats is sampled, so
+FCALL's microseconds per run are the call's, nested commands included; the nested
 commands are listed too.
 
 The batches go the way the code under PYTHONPATH sends them: `Outcomes.ack_many`, and
@@ -103,22 +106,38 @@ async def dispatch_all(
     return total
 
 
-async def dispatched(
-    engine: Engine, runs: int, callgrind: Callgrind | None = None, part: str = "tick"
-) -> list[Delivery]:
-    """`runs` runs created due now, dispatched, and read in the consumer group (shuffled,
-    as acks come back from a worker reading 16 streams). With callgrind, the ticks that
-    dispatch them are counted as `part` (callgrind.counted)."""
+SET_GAP_MS = 60_000
+"""The fail set is due this much after the ack set (created together, dispatched apart)."""
+
+
+async def created(engine: Engine, runs: int) -> int:
+    """Two sets of `runs` runs made together, one after the other in turns: the ack set
+    due now, the fail set SET_GAP_MS later. Made in turns, the records of both lie alike
+    in every body hash (runs made after the others would sit behind them in each hash,
+    and every HGET and HSET of theirs walk further). Returns the ack set's due time."""
     client = engine.client
     assert isinstance(client, aioredis.Redis)
     now = await server_ms(client)
-    for start in range(0, runs, 1000):
+    for start in range(0, 2 * runs, 1000):
         batch = [
-            NewTask(tenant=TENANT, payload_json=payload_json(i), run_at_ms=now)
-            for i in range(start, min(runs, start + 1000))
+            NewTask(
+                tenant=TENANT, payload_json=payload_json(i), run_at_ms=now + (i % 2) * SET_GAP_MS
+            )
+            for i in range(start, min(2 * runs, start + 1000))
         ]
         await engine.tasks.create_many(batch)
-    total = await dispatch_all(engine, await server_ms(client) + 10, runs, callgrind, part)
+    return now
+
+
+async def dispatched(
+    engine: Engine, due_ms: int, runs: int, callgrind: Callgrind | None, part: str
+) -> list[Delivery]:
+    """The `runs` runs due by due_ms, dispatched, and read in the consumer group
+    (shuffled, as acks come back from a worker reading 16 streams). With callgrind, the
+    ticks that dispatch them are counted as `part` (callgrind.counted)."""
+    client = engine.client
+    assert isinstance(client, aioredis.Redis)
+    total = await dispatch_all(engine, due_ms + 10, runs, callgrind, part)
     out: list[Delivery] = []
     for shard in engine.store.shards_of(TENANT):
         stream = engine.keys.stream(shard, TENANT, "default")
@@ -183,7 +202,8 @@ async def report(
         await engine.store.scripts.library.load(client)
         if callgrind is not None:
             callgrind.pid = int((await client.info("server"))["process_id"])
-        acks = await dispatched(engine, runs, callgrind, "tick")
+        due = await created(engine, runs)
+        acks = await dispatched(engine, due, runs, callgrind, "tick")
         if callgrind is not None:
             callgrind.start()
         before, t0 = await command_usec(client), time.perf_counter()
@@ -199,7 +219,7 @@ async def report(
         if callgrind is not None:
             result["ack"]["instructions_per_run"] = callgrind.stop("ack", runs)
 
-        fails = await dispatched(engine, runs, callgrind, "tick-2")
+        fails = await dispatched(engine, due + SET_GAP_MS, runs, callgrind, "tick-2")
         many = getattr(outcomes, "fail_many", None)
         if callgrind is not None:
             callgrind.start()
