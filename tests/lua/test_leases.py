@@ -3,9 +3,14 @@ lease rounds and a hand-over between two schedulers."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+
 import pytest
 
 from timewheel.dispatch.leases import Leases, share_of
+from timewheel.dispatch.metrics import SchedulerMetrics
+from timewheel.dispatch.ownership import Ownership
 from timewheel.dispatch.scheduler import Scheduler
 from timewheel.engine import Engine
 from timewheel.errors import LeaseLost
@@ -78,3 +83,27 @@ async def test_two_schedulers_split_the_shards_and_a_leaver_hands_over(engine: E
     await one.ownership.round()
     assert set(one.state) == set(range(engine.settings.shards))
     assert one.metrics.lease_acquired._value.get() == engine.settings.shards + len(epochs)
+
+
+async def test_leave_finishes_a_release_that_a_shutdown_cut_short(engine: Engine) -> None:
+    """A shutdown cancels the lease round; a rebalance it was making has dropped the shard
+    but not released its lease yet. Leaving releases it all the same: no lease is left
+    naming the node, to keep its shard idle until it expires."""
+    ownership = Ownership(engine.store, "a", 60_000, SchedulerMetrics())
+    await ownership.round()  # the only live node: it takes every shard
+    assert set(ownership.state) == set(range(engine.settings.shards))
+    shard = min(ownership.state)
+    ownership.busy.add(shard)  # a call of the tick pass in flight: the release waits for it
+    giving_up = asyncio.create_task(ownership.release(shard, "rebalance"))
+    await asyncio.sleep(0.01)
+    giving_up.cancel()  # the shutdown cancels the lease round here
+    with contextlib.suppress(asyncio.CancelledError):
+        await giving_up
+    ownership.busy.discard(shard)
+    assert shard not in ownership.state
+    assert await engine.client.get(engine.keys.lease(shard)) is not None  # still "a"'s
+    await ownership.leave()
+    held = [
+        s for s in range(engine.settings.shards) if await engine.client.get(engine.keys.lease(s))
+    ]
+    assert held == []

@@ -60,6 +60,10 @@ class Ownership:
         """Shards with a call of the pass in flight: a release waits for it."""
         self.planning: set[int] = set()
         """Shards the planning task is extending: a release waits for it too."""
+        self.releasing: dict[int, int] = {}
+        """Shards dropped whose lease is not yet released, with its epoch: a release that
+        a shutdown cancelled halfway (a rebalance in the lease round, say) is finished by
+        leave(), so no lease is left to expire."""
         self.acquired = asyncio.Event()
         """Set when a round took a shard, so the loop ticks it at once."""
         self.live: list[str] = []
@@ -109,10 +113,19 @@ class Ownership:
         if st is None:
             return
         self.drop(shard, reason)
+        self.releasing[shard] = int(st.epoch)
         while shard in self.busy or shard in self.planning:
             await asyncio.sleep(0.001)
+        await self._release_lease(shard)
+
+    async def _release_lease(self, shard: int) -> None:
+        assert self.leases is not None
+        epoch = self.releasing.get(shard)
+        if epoch is None:
+            return
         with contextlib.suppress(TimewheelError):
-            await self.leases.release(shard, int(st.epoch))
+            await self.leases.release(shard, epoch)
+        self.releasing.pop(shard, None)
 
     async def keep(self, stop: asyncio.Event) -> None:
         """A lease round every ttl/4 until `stop` is set. Nothing a tenant can make
@@ -134,5 +147,7 @@ class Ownership:
         assert self.leases is not None
         for shard in list(self.state):
             await self.release(shard, "shutdown")
+        for shard in list(self.releasing):  # releases the lease round began, cut short
+            await self._release_lease(shard)
         with contextlib.suppress(TimewheelError):
             await self.leases.members(leaving=True)
