@@ -218,13 +218,18 @@ async def backlog(client: aioredis.Redis, engine: Engine, tenant: str = TENANT) 
 
 
 async def wait_handled(
-    worker: WorkerProcess, client: aioredis.Redis, engine: Engine, runs: int, timeout_s: float
+    worker: WorkerProcess,
+    client: aioredis.Redis,
+    engine: Engine,
+    runs: int,
+    timeout_s: float,
+    tenants: tuple[str, ...] = (TENANT,),
 ) -> float:
-    """Wait until `runs` starts are noted and every entry is acknowledged; returns the
-    worker's CPU seconds at that moment."""
+    """Wait until `runs` starts are noted and every entry of the tenants' ready streams
+    is acknowledged; returns the worker's CPU seconds at that moment."""
     deadline = time.monotonic() + timeout_s
     while True:
-        if worker.noted() >= runs and await backlog(client, engine) == 0:
+        if worker.noted() >= runs and not any([await backlog(client, engine, t) for t in tenants]):
             return worker.cpu_s()
         if time.monotonic() > deadline:
             raise RuntimeError(f"only {worker.noted()} of {runs} runs handled")
@@ -547,12 +552,8 @@ async def pairs_many(url: str, work: Path, runs: int) -> dict[str, Any]:
     try:
         await worker.wait_started()
         cpu0 = worker.cpu_s()
-        deadline = time.monotonic() + 300
-        while worker.noted() < total or any([await backlog(client, engine, t) for t in tenants]):
-            if time.monotonic() > deadline or worker.proc.poll() is not None:
-                raise RuntimeError(f"only {worker.noted()} of {total} runs handled")
-            await asyncio.sleep(0.02)
-        cpu1, ended_ms = worker.cpu_s(), time.time() * 1000
+        cpu1 = await wait_handled(worker, client, engine, total, 300, tenants)
+        ended_ms = time.time() * 1000
     finally:
         worker.stop()
         await engine.close()
@@ -585,11 +586,7 @@ async def pairs_slow(url: str, work: Path) -> dict[str, Any]:
     try:
         await worker.wait_started()
         started = time.monotonic()
-        deadline = started + 300
-        while await backlog(client, engine, fast):
-            if time.monotonic() > deadline or worker.proc.poll() is not None:
-                raise RuntimeError("the fast tenant's runs were not all handled")
-            await asyncio.sleep(0.02)
+        await wait_handled(worker, client, engine, fast_runs, 300, (fast,))
         fast_done_s = time.monotonic() - started
         slow_left = await backlog(client, engine, slow)
     finally:
